@@ -1,0 +1,581 @@
+"""Independent test oracle for LLaDA and Dream: forward pass and reference decoding.
+
+Written from /work/shared/MODEL_SPEC.md (sections 1, 1b and 3) and shares no code with
+the `vllm_dllm` plugin.  Everything is plain PyTorch on the CPU, float32 by default.
+
+The reference decoders draw their randomness from one global generator.  This oracle
+follows the plugin's random-stream contract instead, re-implemented here:
+
+    key = seed mod 2**64
+    for part in (step, position, stream): key = splitmix64(key XOR (part mod 2**64))
+    generator = torch.Generator("cpu").manual_seed(key >> 1)
+
+`step` is the 0-based global denoising step of the request, `position` the 0-based
+canvas index (0 = first generated token, -1 = a draw for the whole canvas) and
+`stream` one of the constants below.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+# --------------------------------------------------------------------------------------
+# Random-stream contract
+# --------------------------------------------------------------------------------------
+
+STREAM_GUMBEL = 1  # LLaDA: float64 uniforms of the Gumbel noise, one per vocab entry
+STREAM_REMASK = 2  # LLaDA `random` remasking: the row's confidence
+STREAM_FLIP = 3  # Dream `origin`: does the row unmask at this step
+STREAM_SAMPLE = 4  # Dream: categorical sample of the row's token
+STREAM_SELECT = 5  # Dream with alg_temp: rows to unmask (position -1)
+
+_U64 = 2**64
+
+
+def splitmix64(x: int) -> int:
+    """One SplitMix64 step (Steele, Lea & Flood 2014) on a 64-bit state `x`."""
+    x = (x + 0x9E3779B97F4A7C15) % _U64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % _U64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % _U64
+    return x ^ (x >> 31)
+
+
+def stream_seed(seed: int, step: int, position: int, stream: int) -> int:
+    """The integer passed to `manual_seed` for one (seed, step, position, stream)."""
+    key = seed % _U64
+    for part in (step, position, stream):
+        key = splitmix64(key ^ (part % _U64))
+    return key >> 1
+
+
+def stream_generator(seed: int, step: int, position: int, stream: int) -> torch.Generator:
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(stream_seed(seed, step, position, stream))
+    return gen
+
+
+# --------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------
+
+
+def _load_state_dict(model_dir: str) -> dict[str, torch.Tensor]:
+    single = os.path.join(model_dir, "model.safetensors")
+    if os.path.exists(single):
+        return load_file(single)
+    with open(os.path.join(model_dir, "model.safetensors.index.json")) as f:
+        index = json.load(f)
+    state: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        state.update(load_file(os.path.join(model_dir, shard)))
+    missing = set(index["weight_map"]) - set(state)
+    if missing:
+        raise KeyError(f"tensors listed in the index but absent from the shards: {sorted(missing)[:5]}")
+    return state
+
+
+def _detect_arch(config: dict) -> str:
+    names = [a.lower() for a in (config.get("architectures") or [])]
+    model_type = str(config.get("model_type", "")).lower()
+    if any("moe" in a for a in names):
+        raise NotImplementedError("LLaDA-MoE is not covered by the oracle")
+    if "lladamodellm" in names or model_type == "llada":
+        return "llada"
+    if "dreammodel" in names or model_type == "dream":
+        return "dream"
+    raise ValueError(f"unknown architecture: {config.get('architectures')} / {config.get('model_type')}")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in float32, cast back to the input dtype, then times weight."""
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, theta: float) -> torch.Tensor:
+    """NeoX (rotate-half) RoPE on x[B, H, L, D] with positions arange(L), in float32."""
+    seq_len, dim = x.shape[-2], x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    positions = torch.arange(seq_len, dtype=torch.float32)
+    freqs = torch.outer(positions, inv_freq)  # [L, D/2]
+    emb = torch.cat([freqs, freqs], dim=-1)  # [L, D]
+    cos, sin = emb.cos(), emb.sin()
+    x32 = x.float()
+    return (x32 * cos + rotate_half(x32) * sin).to(x.dtype)
+
+
+@dataclass
+class _Layer:
+    attn_norm: torch.Tensor
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    q_bias: torch.Tensor | None
+    k_bias: torch.Tensor | None
+    v_bias: torch.Tensor | None
+    o: torch.Tensor
+    mlp_norm: torch.Tensor
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+
+
+class OracleModel:
+    """A bidirectional Llama-style transformer (LLaDA or Dream) with the checkpoint's weights."""
+
+    def __init__(self, model_dir: str, dtype: torch.dtype = torch.float32):
+        with open(os.path.join(model_dir, "config.json")) as f:
+            self.config: dict = json.load(f)
+        self.arch = _detect_arch(self.config)
+        self.dtype = dtype
+        state = {k: v.to(dtype) for k, v in _load_state_dict(model_dir).items()}
+        cfg = self.config
+        if self.arch == "llada":
+            self.hidden = cfg["d_model"]
+            self.n_heads = cfg["n_heads"]
+            # n_kv_heads null means n_heads (or 1 with the legacy multi_query_attention flag).
+            self.n_kv_heads = cfg.get("n_kv_heads") or (1 if cfg.get("multi_query_attention") else self.n_heads)
+            self.n_layers = cfg["n_layers"]
+            self.eps = cfg["rms_norm_eps"]
+            self.theta = cfg["rope_theta"]
+            self._load_llada(state)
+        else:
+            self.hidden = cfg["hidden_size"]
+            self.n_heads = cfg["num_attention_heads"]
+            self.n_kv_heads = cfg.get("num_key_value_heads") or self.n_heads
+            self.n_layers = cfg["num_hidden_layers"]
+            self.eps = cfg["rms_norm_eps"]
+            self.theta = cfg["rope_theta"]
+            self._load_dream(state)
+        self.head_dim = self.hidden // self.n_heads
+        self._check_shapes()
+
+    # ---- weight loading ----------------------------------------------------------
+
+    def _load_llada(self, state: dict[str, torch.Tensor]) -> None:
+        cfg = self.config
+        p = "model.transformer."
+        self.embed = state[p + "wte.weight"]
+        self.final_norm = state[p + "ln_f.weight"]
+        if p + "ff_out.weight" in state:
+            self.lm_head = state[p + "ff_out.weight"]
+        elif cfg.get("weight_tying"):
+            self.lm_head = self.embed
+        else:
+            raise KeyError(p + "ff_out.weight")
+        self.layers = []
+        for i in range(self.n_layers):
+            b = f"{p}blocks.{i}."
+            self.layers.append(
+                _Layer(
+                    attn_norm=state[b + "attn_norm.weight"],
+                    q=state[b + "q_proj.weight"],
+                    k=state[b + "k_proj.weight"],
+                    v=state[b + "v_proj.weight"],
+                    q_bias=state.get(b + "q_proj.bias"),
+                    k_bias=state.get(b + "k_proj.bias"),
+                    v_bias=state.get(b + "v_proj.bias"),
+                    o=state[b + "attn_out.weight"],
+                    mlp_norm=state[b + "ff_norm.weight"],
+                    gate=state[b + "ff_proj.weight"],  # ff_proj is the gate
+                    up=state[b + "up_proj.weight"],
+                    down=state[b + "ff_out.weight"],  # per-block ff_out is the down projection
+                )
+            )
+        mlp = cfg.get("mlp_hidden_size") or cfg.get("mlp_ratio", 4) * cfg["d_model"]
+        assert self.layers[0].gate.shape[0] == mlp, "mlp_hidden_size does not match ff_proj"
+        vocab = cfg.get("embedding_size") or cfg["vocab_size"]
+        assert self.embed.shape[0] == vocab, "embedding_size/vocab_size does not match wte"
+
+    def _load_dream(self, state: dict[str, torch.Tensor]) -> None:
+        cfg = self.config
+        self.embed = state["model.embed_tokens.weight"]
+        self.final_norm = state["model.norm.weight"]
+        if "lm_head.weight" in state:
+            self.lm_head = state["lm_head.weight"]
+        elif cfg.get("tie_word_embeddings"):
+            self.lm_head = self.embed
+        else:
+            raise KeyError("lm_head.weight")
+        self.layers = []
+        for i in range(self.n_layers):
+            b = f"model.layers.{i}."
+            self.layers.append(
+                _Layer(
+                    attn_norm=state[b + "input_layernorm.weight"],
+                    q=state[b + "self_attn.q_proj.weight"],
+                    k=state[b + "self_attn.k_proj.weight"],
+                    v=state[b + "self_attn.v_proj.weight"],
+                    q_bias=state[b + "self_attn.q_proj.bias"],
+                    k_bias=state[b + "self_attn.k_proj.bias"],
+                    v_bias=state[b + "self_attn.v_proj.bias"],
+                    o=state[b + "self_attn.o_proj.weight"],
+                    mlp_norm=state[b + "post_attention_layernorm.weight"],
+                    gate=state[b + "mlp.gate_proj.weight"],
+                    up=state[b + "mlp.up_proj.weight"],
+                    down=state[b + "mlp.down_proj.weight"],
+                )
+            )
+        assert self.layers[0].gate.shape[0] == cfg["intermediate_size"]
+        assert self.embed.shape[0] == cfg["vocab_size"]
+
+    def _check_shapes(self) -> None:
+        d, hd = self.hidden, self.head_dim
+        assert d % self.n_heads == 0 and self.n_heads % self.n_kv_heads == 0
+        for layer in self.layers:
+            assert layer.q.shape == (self.n_heads * hd, d)
+            assert layer.k.shape == (self.n_kv_heads * hd, d)
+            assert layer.v.shape == (self.n_kv_heads * hd, d)
+            assert layer.o.shape == (d, self.n_heads * hd)
+        assert self.lm_head.shape[1] == d
+
+    # ---- forward -----------------------------------------------------------------
+
+    def _attention(self, h: torch.Tensor, layer: _Layer) -> torch.Tensor:
+        bsz, seq_len, _ = h.shape
+        hd = self.head_dim
+        q = F.linear(h, layer.q, layer.q_bias).view(bsz, seq_len, self.n_heads, hd).transpose(1, 2)
+        k = F.linear(h, layer.k, layer.k_bias).view(bsz, seq_len, self.n_kv_heads, hd).transpose(1, 2)
+        v = F.linear(h, layer.v, layer.v_bias).view(bsz, seq_len, self.n_kv_heads, hd).transpose(1, 2)
+        q = apply_rope(q, self.theta)
+        k = apply_rope(k, self.theta)
+        # GQA: query head j uses key/value head j // (n_heads / n_kv_heads).
+        group = self.n_heads // self.n_kv_heads
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        # Full bidirectional attention: no causal mask, no padding mask.
+        scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(hd)
+        weights = torch.softmax(scores, dim=-1)
+        out = (weights @ v.float()).to(h.dtype)  # [B, H, L, D]
+        out = out.transpose(1, 2).reshape(bsz, seq_len, self.n_heads * hd)
+        return F.linear(out, layer.o)
+
+    def _mlp(self, h: torch.Tensor, layer: _Layer) -> torch.Tensor:
+        return F.linear(F.silu(F.linear(h, layer.gate)) * F.linear(h, layer.up), layer.down)
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids[B, L] -> raw logits[B, L, V] in float32 (Dream logits are NOT shifted)."""
+        x = self.embed[ids]
+        for layer in self.layers:
+            x = x + self._attention(rms_norm(x, layer.attn_norm, self.eps), layer)
+            x = x + self._mlp(rms_norm(x, layer.mlp_norm, self.eps), layer)
+        x = rms_norm(x, self.final_norm, self.eps)
+        return F.linear(x, self.lm_head).float()
+
+    __call__ = forward
+
+
+def load_oracle(model_dir: str, dtype: torch.dtype = torch.float32) -> OracleModel:
+    return OracleModel(model_dir, dtype)
+
+
+# --------------------------------------------------------------------------------------
+# Results and helpers
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class OracleResult:
+    tokens: list[int]  # the whole generated canvas, prompt excluded
+    ties: int  # selections decided by an exact tie (top-k cut or T=0 argmax)
+    steps_run: int
+
+
+def trim_at_eos(tokens, eos_ids) -> list[int]:
+    """Prefix of `tokens` up to and including the first token in `eos_ids`."""
+    if isinstance(eos_ids, int):
+        eos_ids = {eos_ids}
+    eos_ids = set(eos_ids)
+    out = []
+    for tok in tokens:
+        out.append(int(tok))
+        if tok in eos_ids:
+            break
+    return out
+
+
+def _cut_is_tied(conf: torch.Tensor, k: int) -> bool:
+    """True when the k-th and (k+1)-th largest finite values of conf are equal."""
+    if k <= 0 or k >= conf.numel():
+        return False
+    ordered = torch.sort(conf, descending=True).values
+    return bool(ordered[k] > -math.inf and ordered[k - 1] == ordered[k])
+
+
+def _max_is_tied(row: torch.Tensor) -> bool:
+    return bool((row == row.max()).sum() > 1)
+
+
+def get_num_transfer_tokens(mask_index: torch.Tensor, steps: int) -> torch.Tensor:
+    """mask_index[B, block] -> [B, steps]: m // steps per step, first m % steps get +1."""
+    mask_num = mask_index.sum(dim=1, keepdim=True)
+    base = mask_num // steps
+    remainder = mask_num % steps
+    num = torch.zeros(mask_num.shape[0], steps, dtype=torch.long) + base
+    for row in range(mask_num.shape[0]):
+        num[row, : int(remainder[row])] += 1
+    return num
+
+
+# --------------------------------------------------------------------------------------
+# LLaDA generate (MODEL_SPEC section 3)
+# --------------------------------------------------------------------------------------
+
+
+def llada_cfg_logits(model, x: torch.Tensor, prompt_index: torch.Tensor, mask_id: int, cfg_scale: float) -> torch.Tensor:
+    """Classifier-free guidance: conditional and prompt-masked rows in one batch."""
+    un_x = x.clone()
+    un_x[prompt_index] = mask_id
+    both = model.forward(torch.cat([x, un_x], dim=0))
+    logits, un_logits = both[: x.shape[0]], both[x.shape[0] :]
+    return un_logits + (cfg_scale + 1) * (logits - un_logits)
+
+
+@torch.no_grad()
+def llada_generate(
+    model,
+    prompt_ids: list[int],
+    *,
+    gen_length: int,
+    steps: int,
+    block_length: int,
+    temperature: float = 0.0,
+    cfg_scale: float = 0.0,
+    remasking: str = "low_confidence",
+    mask_id: int,
+    eos_id: int,
+    eot_id: int,
+    logits_eos_inf: bool = False,
+    confidence_eos_eot_inf: bool = False,
+    seed: int = 0,
+) -> OracleResult:
+    prompt_len = len(prompt_ids)
+    x = torch.tensor([list(prompt_ids) + [mask_id] * gen_length], dtype=torch.long)
+    prompt_index = x != mask_id
+
+    assert gen_length % block_length == 0, "gen_length must be a multiple of block_length"
+    num_blocks = gen_length // block_length
+    assert steps % num_blocks == 0, "steps must be a multiple of the number of blocks"
+    steps_per_block = steps // num_blocks
+
+    ties = 0
+    global_step = 0
+    for block in range(num_blocks):
+        block_start = prompt_len + block * block_length
+        block_end = block_start + block_length
+        block_mask = x[:, block_start:block_end] == mask_id
+        num_transfer = get_num_transfer_tokens(block_mask, steps_per_block)
+
+        for i in range(steps_per_block):
+            mask_index = x == mask_id
+            if cfg_scale > 0.0:
+                logits = llada_cfg_logits(model, x, prompt_index, mask_id, cfg_scale)
+            else:
+                logits = model.forward(x).clone()
+            if logits_eos_inf:
+                logits[:, :, eos_id] = -math.inf
+
+            # Rows whose draws can matter: still masked and inside the current block.
+            rows = [p for p in range(block_start, block_end) if bool(mask_index[0, p])]
+
+            # Gumbel-max noise; at T == 0 the logits object itself is used.
+            if temperature == 0:
+                noisy = logits
+            else:
+                u = torch.full(logits.shape, 0.5, dtype=torch.float64)
+                for p in rows:
+                    gen = stream_generator(seed, global_step, p - prompt_len, STREAM_GUMBEL)
+                    u[0, p] = torch.rand(logits.shape[-1], dtype=torch.float64, generator=gen)
+                noisy = logits.to(torch.float64).exp() / (-torch.log(u)) ** temperature
+            x0 = torch.argmax(noisy, dim=-1)
+            argmax_tied = {p: _max_is_tied(noisy[0, p]) for p in rows} if temperature == 0 else {}
+
+            if confidence_eos_eot_inf:
+                # The reference's chained assignment `noisy[..., EOS] = logits[..., EoT] = -inf`.
+                noisy[:, :, eos_id] = -math.inf
+                logits[:, :, eot_id] = -math.inf
+
+            if remasking == "low_confidence":
+                probs = F.softmax(logits, dim=-1)
+                x0_p = torch.gather(probs, -1, x0.unsqueeze(-1)).squeeze(-1)
+            elif remasking == "random":
+                x0_p = torch.zeros(x0.shape, dtype=torch.float32)
+                for p in rows:
+                    gen = stream_generator(seed, global_step, p - prompt_len, STREAM_REMASK)
+                    x0_p[0, p] = torch.rand(1, dtype=torch.float32, generator=gen)[0]
+            else:
+                raise NotImplementedError(remasking)
+
+            x0_p[:, block_end:] = -math.inf
+            x0 = torch.where(mask_index, x0, x)
+            confidence = torch.where(mask_index, x0_p, torch.tensor(-math.inf, dtype=x0_p.dtype))
+
+            k = int(num_transfer[0, i])
+            if k > 0:
+                _, select = torch.topk(confidence[0], k)
+                ties += int(_cut_is_tied(confidence[0], k))
+                ties += sum(int(argmax_tied.get(int(p), False)) for p in select)
+                x[0, select] = x0[0, select]
+            global_step += 1
+
+    return OracleResult(tokens=x[0, prompt_len:].tolist(), ties=ties, steps_run=global_step)
+
+
+# --------------------------------------------------------------------------------------
+# Dream _sample (MODEL_SPEC section 3)
+# --------------------------------------------------------------------------------------
+
+
+def top_p_logits(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    sorted_logits, sorted_indices = torch.sort(logits, descending=True)
+    cumulative = torch.cumsum(F.softmax(sorted_logits, dim=-1), dim=-1)
+    remove_sorted = cumulative > top_p
+    remove_sorted[..., 1:] = remove_sorted[..., :-1].clone()  # keep the first over the line
+    remove_sorted[..., 0] = False
+    remove = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, sorted_indices, remove_sorted)
+    return logits.masked_fill(remove, torch.finfo(logits.dtype).min)
+
+
+def top_k_logits(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    top_k = min(top_k, logits.shape[-1])
+    kth = torch.topk(logits, top_k).values[..., -1, None]
+    return logits.masked_fill(logits < kth, torch.finfo(logits.dtype).min)
+
+
+def dream_sample_tokens(
+    logits: torch.Tensor,
+    temperature: float = 0.0,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    margin_confidence: bool = False,
+    neg_entropy: bool = False,
+    generators: list[torch.Generator] | None = None,
+):
+    """logits[M, V] -> (confidence[M], x0[M], argmax_tied[M] (only meaningful at T == 0))."""
+    if temperature > 0:
+        logits = logits / temperature
+    if top_p is not None and top_p < 1:
+        logits = top_p_logits(logits, top_p)
+    if top_k is not None and top_k > 0:
+        logits = top_k_logits(logits, top_k)
+    probs = torch.softmax(logits, dim=-1)
+
+    if temperature > 0:
+        assert generators is not None and len(generators) == probs.shape[0]
+        x0 = torch.stack(
+            [torch.multinomial(probs[r], 1, replacement=True, generator=generators[r])[0] for r in range(probs.shape[0])]
+        ) if probs.shape[0] else torch.zeros(0, dtype=torch.long)
+        confidence = torch.gather(probs, -1, x0.unsqueeze(-1)).squeeze(-1)
+        tied = torch.zeros(probs.shape[0], dtype=torch.bool)
+    else:
+        confidence, x0 = probs.max(dim=-1)
+        tied = torch.tensor([_max_is_tied(probs[r]) or _max_is_tied(logits[r]) for r in range(probs.shape[0])],
+                            dtype=torch.bool)
+
+    if margin_confidence:
+        sorted_probs = torch.sort(probs, dim=-1, descending=True).values
+        confidence = sorted_probs[:, 0] - sorted_probs[:, 1]
+    if neg_entropy:
+        confidence = torch.sum(probs * torch.log(probs + 1e-10), dim=-1)
+    return confidence, x0, tied
+
+
+@torch.no_grad()
+def dream_generate(
+    model,
+    prompt_ids: list[int],
+    *,
+    max_new_tokens: int,
+    steps: int,
+    eps: float = 1e-3,
+    alg: str = "origin",
+    alg_temp: float | None = None,
+    temperature: float = 0.0,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    mask_id: int,
+    seed: int = 0,
+) -> OracleResult:
+    prompt_len = len(prompt_ids)
+    assert mask_id not in prompt_ids
+    x = torch.tensor([list(prompt_ids) + [mask_id] * max_new_tokens], dtype=torch.long)
+    timesteps = torch.linspace(1, eps, steps + 1)
+    ties = 0
+
+    for i in range(steps):
+        mask_index = x == mask_id
+        logits = model.forward(x)
+        logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)  # position j predicted by row j-1
+        mask_logits = logits[mask_index]  # [M, V], rows in canvas order
+        canvas_pos = mask_index[0].nonzero().squeeze(-1) - prompt_len  # [M]
+        t, s = timesteps[i], timesteps[i + 1]
+
+        def sample_generators(positions):
+            return [stream_generator(seed, i, int(p), STREAM_SAMPLE) for p in positions]
+
+        if alg == "origin":
+            p_transfer = 1 - s / t if i < steps - 1 else 1
+            flip = torch.tensor(
+                [bool(torch.rand(1, dtype=torch.float32, generator=stream_generator(seed, i, int(p), STREAM_FLIP))[0] < p_transfer)
+                 for p in canvas_pos],
+                dtype=torch.bool,
+            )
+            x0 = torch.full((mask_logits.shape[0],), mask_id, dtype=torch.long)
+            if bool(flip.any()):
+                _, chosen, tied = dream_sample_tokens(
+                    mask_logits[flip], temperature, top_p, top_k,
+                    generators=sample_generators(canvas_pos[flip]) if temperature > 0 else None,
+                )
+                x0[flip] = chosen
+                ties += int(tied.sum())
+            x[mask_index] = x0
+            continue
+
+        if alg not in ("maskgit_plus", "topk_margin", "entropy"):
+            raise RuntimeError(f"Unknown alg: {alg}")
+        confidence, x0, tied = dream_sample_tokens(
+            mask_logits, temperature, top_p, top_k,
+            margin_confidence=alg == "topk_margin",
+            neg_entropy=alg == "entropy",
+            generators=sample_generators(canvas_pos) if temperature > 0 else None,
+        )
+        num_mask_token = mask_index.sum() / mask_index.shape[0]  # float32 tensor
+        if i < steps - 1:
+            n = int(num_mask_token * (1 - s / t))
+        else:
+            n = int(num_mask_token)
+
+        # Confidence over the canvas only: -inf where the canvas is already decided.
+        full_conf = torch.full((max_new_tokens,), -math.inf, dtype=logits.dtype)
+        full_conf[canvas_pos] = confidence.to(logits.dtype)
+        proposal = torch.full((max_new_tokens,), mask_id, dtype=torch.long)
+        proposal[canvas_pos] = x0
+        tied_at = torch.zeros(max_new_tokens, dtype=torch.bool)
+        tied_at[canvas_pos] = tied
+
+        if n > 0:
+            if alg_temp is None or alg_temp == 0:
+                _, select = torch.topk(full_conf, n)
+                ties += int(_cut_is_tied(full_conf, n))
+            else:
+                weights = F.softmax(full_conf / alg_temp, dim=-1)
+                gen = stream_generator(seed, i, -1, STREAM_SELECT)
+                select = torch.multinomial(weights, n, replacement=False, generator=gen)
+            ties += int(tied_at[select].sum())
+            x[0, prompt_len + select] = proposal[select]
+
+    return OracleResult(tokens=x[0, prompt_len:].tolist(), ties=ties, steps_run=steps)

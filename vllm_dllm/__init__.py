@@ -1,0 +1,37 @@
+"""vllm-dllm: serve masked-diffusion language models (LLaDA, Dream) with vLLM."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+_MODELS = {
+    "LLaDAModelLM": "vllm_dllm.models.llada:LLaDAModelLM",
+    "DreamModel": "vllm_dllm.models.dream:DreamModel",
+}
+
+_registered = False
+
+
+def register() -> None:
+    """vLLM general-plugin entry point.  Idempotent; imports nothing heavy.
+
+    It only adds entries for LLaDA and Dream architectures, so every other model is
+    served exactly as without the plugin.
+    """
+    global _registered
+    if _registered:
+        return
+    from vllm import ModelRegistry
+
+    from vllm_dllm.compat import check_vllm_version, register_config_hook
+    from vllm_dllm.configs import register_hf_classes
+    from vllm_dllm.server_config import DiffusionConfigHook
+
+    check_vllm_version()
+    register_hf_classes()
+    supported = set(ModelRegistry.get_supported_archs())
+    for arch, target in _MODELS.items():
+        if arch not in supported:
+            ModelRegistry.register_model(arch, target)
+    register_config_hook(list(_MODELS), DiffusionConfigHook)
+    _registered = True

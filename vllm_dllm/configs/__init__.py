@@ -1,0 +1,57 @@
+"""HF config / tokenizer classes for LLaDA and Dream checkpoints.
+
+``register_hf_classes()`` makes ``AutoConfig.from_pretrained`` resolve
+``model_type: "llada"`` / ``"Dream"`` and ``AutoTokenizer.from_pretrained``
+resolve ``tokenizer_class: "DreamTokenizer"`` without ``trust_remote_code``.
+
+How transformers (5.x) resolves the tokenizer for a Dream folder:
+
+* ``tokenizer_class_from_name("DreamTokenizer")`` looks in
+  ``REGISTERED_TOKENIZER_CLASSES``, which ``AutoTokenizer.register`` fills by
+  class ``__name__``; so the registered class is found by the name written in
+  tokenizer_config.json, whatever the config class is.
+* Without ``trust_remote_code`` the registered class is used. Without
+  registration the ``auto_map`` entry (``tokenization_dream.DreamTokenizer``)
+  is used, which needs ``trust_remote_code=True``.
+* With registration AND ``trust_remote_code=True`` the folder's
+  ``tokenization_dream.py`` wins: a registered tokenizer only counts as
+  "explicit local code" (which beats ``auto_map``) when the config class is
+  *not* in ``TOKENIZER_MAPPING``, and ``DreamConfig`` is.
+
+``AutoConfig`` (5.x) does use the "explicit local code" rule: once registered,
+our config classes are used with or without ``trust_remote_code`` (4.x
+preferred the folder's ``configuration_*.py`` with ``trust_remote_code=True``).
+The files written by ``vllm_dllm.tools.make_tiny`` are copies of the modules
+here, so every route gives the same attributes.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from .dream import DreamConfig
+from .dream_tokenizer import DreamTokenizer
+from .llada import LLaDAConfig
+
+__all__ = ["DreamConfig", "DreamTokenizer", "LLaDAConfig", "register_hf_classes"]
+
+_registered = False
+
+
+def register_hf_classes() -> None:
+    """Register LLaDAConfig, DreamConfig and DreamTokenizer with the
+    transformers Auto classes. Idempotent and cheap."""
+    global _registered
+    if _registered:
+        return
+    from transformers import AutoConfig, AutoTokenizer
+
+    AutoConfig.register(LLaDAConfig.model_type, LLaDAConfig, exist_ok=True)
+    AutoConfig.register(DreamConfig.model_type, DreamConfig, exist_ok=True)
+
+    params = inspect.signature(AutoTokenizer.register).parameters
+    if "tokenizer_class" in params:  # transformers >= 5
+        AutoTokenizer.register(DreamConfig, tokenizer_class=DreamTokenizer, exist_ok=True)
+    else:  # transformers 4.x: DreamTokenizer is a slow tokenizer there
+        AutoTokenizer.register(DreamConfig, slow_tokenizer_class=DreamTokenizer, exist_ok=True)
+    _registered = True

@@ -1,0 +1,155 @@
+"""The bidirectional Llama-style transformer both LLaDA and Dream are.
+
+Built from vLLM's tensor-parallel layers; only attention is ours (non-causal, over
+the paged pool).  Parameter names here are canonical; each model maps its checkpoint
+names onto them (models/weights.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.model_executor.layers.activation import SiluAndMul
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.rotary_embedding import get_rope
+from vllm.model_executor.layers.vocab_parallel_embedding import (
+    ParallelLMHead,
+    VocabParallelEmbedding,
+)
+
+from vllm_dllm.attention.paged import DiffusionAttention
+
+
+@dataclass(frozen=True)
+class TransformerShape:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position: int
+    qkv_bias: bool
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, shape: TransformerShape, quant_config, prefix: str):
+        super().__init__()
+        tp = get_tensor_model_parallel_world_size()
+        if shape.num_heads % tp:
+            raise ValueError(f"{shape.num_heads} attention heads do not split over TP={tp}")
+        self.num_heads = shape.num_heads // tp
+        self.num_kv_heads = max(1, shape.num_kv_heads // tp)
+        self.q_size = self.num_heads * shape.head_dim
+        self.kv_size = self.num_kv_heads * shape.head_dim
+        self.qkv_proj = QKVParallelLinear(
+            hidden_size=shape.hidden_size,
+            head_size=shape.head_dim,
+            total_num_heads=shape.num_heads,
+            total_num_kv_heads=shape.num_kv_heads,
+            bias=shape.qkv_bias,
+            quant_config=quant_config,
+            prefix=f"{prefix}.qkv_proj",
+        )
+        self.o_proj = RowParallelLinear(
+            input_size=shape.num_heads * shape.head_dim,
+            output_size=shape.hidden_size,
+            bias=False,
+            quant_config=quant_config,
+            prefix=f"{prefix}.o_proj",
+        )
+        self.rotary_emb = get_rope(
+            shape.head_dim,
+            max_position=shape.max_position,
+            is_neox_style=True,
+            rope_parameters={"rope_type": "default", "rope_theta": shape.rope_theta},
+        )
+        self.attn = DiffusionAttention(
+            self.num_heads, self.num_kv_heads, shape.head_dim, prefix=f"{prefix}.attn"
+        )
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        qkv, _ = self.qkv_proj(hidden)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = self.rotary_emb(positions, q, k)
+        out, _ = self.o_proj(self.attn(q, k, v))
+        return out
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, shape: TransformerShape, quant_config, prefix: str):
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(
+            input_size=shape.hidden_size,
+            output_sizes=[shape.intermediate_size] * 2,
+            bias=False,
+            quant_config=quant_config,
+            prefix=f"{prefix}.gate_up_proj",
+        )
+        self.down_proj = RowParallelLinear(
+            input_size=shape.intermediate_size,
+            output_size=shape.hidden_size,
+            bias=False,
+            quant_config=quant_config,
+            prefix=f"{prefix}.down_proj",
+        )
+        self.act = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x, _ = self.gate_up_proj(x)
+        x, _ = self.down_proj(self.act(x))
+        return x
+
+
+class Block(nn.Module):
+    def __init__(self, shape: TransformerShape, quant_config, prefix: str):
+        super().__init__()
+        self.input_norm = RMSNorm(shape.hidden_size, eps=shape.rms_norm_eps)
+        self.attn = SelfAttention(shape, quant_config, prefix=f"{prefix}.attn")
+        self.post_attn_norm = RMSNorm(shape.hidden_size, eps=shape.rms_norm_eps)
+        self.mlp = GatedMLP(shape, quant_config, prefix=f"{prefix}.mlp")
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(positions, self.input_norm(x))
+        return x + self.mlp(self.post_attn_norm(x))
+
+
+class BidirectionalTransformer(nn.Module):
+    """Embedding, blocks, final norm and LM head; `forward` returns hidden states."""
+
+    def __init__(self, shape: TransformerShape, quant_config=None, prefix: str = ""):
+        super().__init__()
+        self.shape = shape
+        self.embed = VocabParallelEmbedding(shape.vocab_size, shape.hidden_size)
+        self.layers = nn.ModuleList(
+            Block(shape, quant_config, prefix=f"{prefix}layers.{i}")
+            for i in range(shape.num_layers)
+        )
+        self.final_norm = RMSNorm(shape.hidden_size, eps=shape.rms_norm_eps)
+        self.lm_head = ParallelLMHead(shape.vocab_size, shape.hidden_size, quant_config=quant_config)
+        self.logits_processor = LogitsProcessor(shape.vocab_size)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.embed(input_ids)
+        for layer in self.layers:
+            x = layer(positions, x)
+        return self.final_norm(x)
+
+    def project(self, hidden_rows: torch.Tensor) -> torch.Tensor:
+        """Logits for a chunk of hidden rows (full vocabulary, gathered over TP)."""
+        return self.logits_processor(self.lm_head, hidden_rows)
+
+    def attention_layers(self) -> list[DiffusionAttention]:
+        return [m for m in self.modules() if isinstance(m, DiffusionAttention)]

@@ -1,0 +1,291 @@
+"""Diffusion decoding options: defaults, per-request overrides, validation.
+
+Precedence, lowest first: the papers' defaults, the model's generation_config.json,
+the server's `--additional-config '{"dllm": {...}}'`, the request's
+`SamplingParams.extra_args` (`vllm_xargs` in the OpenAI API).  Temperature, top_p,
+top_k and seed are vLLM's own SamplingParams fields and are read from there.
+
+Everything here is pure: the same function validates a request in the API process,
+prices it in the scheduler and configures its decoding in the worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+LLADA = "llada"
+DREAM = "dream"
+
+ARCHITECTURE_KINDS = {"LLaDAModelLM": LLADA, "DreamModel": DREAM}
+
+LLADA_REMASKING = ("low_confidence", "random")
+DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
+
+
+class OptionError(ValueError):
+    """A diffusion option is missing, malformed or inconsistent."""
+
+
+@dataclass(frozen=True)
+class LLaDAOptions:
+    gen_length: int
+    steps: int
+    block_length: int
+    remasking: str
+    temperature: float
+    cfg_scale: float
+    logits_eos_inf: bool
+    confidence_eos_eot_inf: bool
+
+    @property
+    def num_blocks(self) -> int:
+        return self.gen_length // self.block_length
+
+    @property
+    def steps_per_block(self) -> int:
+        return self.steps // self.num_blocks
+
+    @property
+    def uses_cfg(self) -> bool:
+        return self.cfg_scale > 0
+
+
+@dataclass(frozen=True)
+class DreamOptions:
+    gen_length: int
+    steps: int
+    eps: float
+    alg: str
+    alg_temp: float | None
+    temperature: float
+    top_p: float | None
+    top_k: int | None
+
+    @property
+    def uses_cfg(self) -> bool:
+        return False
+
+
+DecodeOptions = LLaDAOptions | DreamOptions
+
+# Per-request keys and their accepted types.  bool is checked before int because
+# bool is a subclass of int in Python.
+_REQUEST_KEYS: dict[str, dict[str, tuple[type, ...]]] = {
+    LLADA: {
+        "steps": (int,),
+        "block_length": (int,),
+        "remasking": (str,),
+        "cfg_scale": (int, float),
+        "logits_eos_inf": (bool,),
+        "confidence_eos_eot_inf": (bool,),
+    },
+    DREAM: {
+        "steps": (int,),
+        "eps": (int, float),
+        "alg": (str,),
+        "alg_temp": (int, float, type(None)),
+    },
+}
+
+# Keys that only make sense as server-wide settings.
+SERVER_KEYS: dict[str, tuple[type, ...]] = {"max_num_logits": (int,)}
+
+# vLLM's own fields: naming them in extra_args would be ambiguous.
+_SAMPLING_PARAM_FIELDS = ("temperature", "top_p", "top_k", "seed", "max_tokens")
+
+PAPER_DEFAULTS: dict[str, dict[str, Any]] = {
+    LLADA: {
+        "block_length": 32,
+        "remasking": "low_confidence",
+        "cfg_scale": 0.0,
+        "logits_eos_inf": False,
+        "confidence_eos_eot_inf": False,
+    },
+    DREAM: {"eps": 1e-3, "alg": "origin", "alg_temp": None},
+}
+
+DEFAULT_MAX_NUM_LOGITS = 1024
+
+
+def _check_type(key: str, value: Any, types: tuple[type, ...], where: str) -> None:
+    if isinstance(value, bool) and bool not in types:
+        ok = False
+    else:
+        ok = isinstance(value, types)
+    if not ok:
+        names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+        raise OptionError(
+            f"{where} '{key}' must be {names}, got {type(value).__name__} {value!r}"
+        )
+
+
+def check_overrides(kind: str, values: dict[str, Any], where: str) -> dict[str, Any]:
+    """Type-check a dict of option overrides for one model kind."""
+    if not isinstance(values, dict):
+        raise OptionError(f"{where} must be a JSON object, got {type(values).__name__}")
+    allowed = _REQUEST_KEYS[kind]
+    for key, value in values.items():
+        if key in _SAMPLING_PARAM_FIELDS:
+            raise OptionError(
+                f"{where} '{key}' is a standard sampling parameter: set it as "
+                f"'{key}' on the request, not in the diffusion options"
+            )
+        if key not in allowed:
+            raise OptionError(
+                f"{where} has unknown diffusion option '{key}' for {kind}; "
+                f"known options: {', '.join(sorted(allowed))}"
+            )
+        _check_type(key, value, allowed[key], where)
+    return dict(values)
+
+
+def defaults_from_generation_config(kind: str, gen_config: dict[str, Any]) -> dict:
+    """The decoding knobs a model's generation_config.json carries."""
+    keys = _REQUEST_KEYS[kind]
+    out = {}
+    for key in keys:
+        value = gen_config.get(key)
+        if value is None:
+            continue
+        try:
+            _check_type(key, value, keys[key], "generation_config.json")
+        except OptionError:
+            continue
+        out[key] = value
+    return out
+
+
+@dataclass(frozen=True)
+class ServerDefaults:
+    """Resolved server-wide settings, shared by every process of one engine."""
+
+    kind: str
+    overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+    max_num_logits: int = DEFAULT_MAX_NUM_LOGITS
+
+    @classmethod
+    def build(
+        cls, kind: str, generation_config: dict[str, Any], server: dict[str, Any]
+    ) -> "ServerDefaults":
+        if not isinstance(server, dict):
+            raise OptionError("--additional-config 'dllm' must be a JSON object")
+        server = dict(server)
+        max_num_logits = server.pop("max_num_logits", DEFAULT_MAX_NUM_LOGITS)
+        _check_type("max_num_logits", max_num_logits, (int,), "--additional-config dllm")
+        if max_num_logits <= 0:
+            raise OptionError("--additional-config dllm 'max_num_logits' must be > 0")
+        merged = dict(PAPER_DEFAULTS[kind])
+        merged.update(defaults_from_generation_config(kind, generation_config))
+        merged.update(check_overrides(kind, server, "--additional-config dllm"))
+        return cls(kind=kind, overrides=merged, max_num_logits=max_num_logits)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "overrides": dict(self.overrides),
+            "max_num_logits": self.max_num_logits,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ServerDefaults":
+        return cls(
+            kind=data["kind"],
+            overrides=dict(data["overrides"]),
+            max_num_logits=int(data["max_num_logits"]),
+        )
+
+
+def _positive_int(name: str, value: int) -> int:
+    if value <= 0:
+        raise OptionError(f"'{name}' must be a positive integer, got {value}")
+    return value
+
+
+def resolve(
+    defaults: ServerDefaults,
+    *,
+    max_tokens: int | None,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    extra_args: dict[str, Any] | None,
+) -> DecodeOptions:
+    """Resolve and validate one request's decoding options."""
+    kind = defaults.kind
+    if max_tokens is None:
+        raise OptionError("'max_tokens' (the generation length) must be set")
+    gen_length = _positive_int("max_tokens", max_tokens)
+    if temperature < 0:
+        raise OptionError(f"'temperature' must be >= 0, got {temperature}")
+    request = check_overrides(kind, extra_args or {}, "diffusion option")
+    merged = {**defaults.overrides, **request}
+    steps = _positive_int("steps", merged.get("steps", gen_length))
+
+    if kind == LLADA:
+        # An unset block length that does not divide the generation falls back to
+        # one block: the request did not ask for semi-autoregressive decoding.
+        block_length = merged.get("block_length", gen_length)
+        if "block_length" not in request and gen_length % block_length:
+            block_length = gen_length
+        block_length = _positive_int("block_length", block_length)
+        if gen_length % block_length:
+            raise OptionError(
+                f"generation length (max_tokens={gen_length}) must be a multiple "
+                f"of block_length={block_length}"
+            )
+        num_blocks = gen_length // block_length
+        if steps % num_blocks:
+            raise OptionError(
+                f"steps={steps} must be divisible by the number of blocks "
+                f"({num_blocks} = max_tokens {gen_length} / block_length {block_length})"
+            )
+        remasking = merged["remasking"]
+        if remasking not in LLADA_REMASKING:
+            raise OptionError(
+                f"unknown remasking '{remasking}'; choose one of {', '.join(LLADA_REMASKING)}"
+            )
+        cfg_scale = float(merged["cfg_scale"])
+        if cfg_scale < 0:
+            raise OptionError(f"'cfg_scale' must be >= 0, got {cfg_scale}")
+        return LLaDAOptions(
+            gen_length=gen_length,
+            steps=steps,
+            block_length=block_length,
+            remasking=remasking,
+            temperature=float(temperature),
+            cfg_scale=cfg_scale,
+            logits_eos_inf=bool(merged["logits_eos_inf"]),
+            confidence_eos_eot_inf=bool(merged["confidence_eos_eot_inf"]),
+        )
+
+    eps = float(merged["eps"])
+    if not 0 < eps < 1:
+        raise OptionError(f"'eps' must lie in (0, 1), got {eps}")
+    alg = merged["alg"]
+    if alg not in DREAM_ALGS:
+        raise OptionError(f"unknown alg '{alg}'; choose one of {', '.join(DREAM_ALGS)}")
+    alg_temp = merged.get("alg_temp")
+    if alg_temp is not None:
+        alg_temp = float(alg_temp)
+        if alg_temp < 0:
+            raise OptionError(f"'alg_temp' must be >= 0, got {alg_temp}")
+    if not 0 < top_p <= 1:
+        raise OptionError(f"'top_p' must lie in (0, 1], got {top_p}")
+    return DreamOptions(
+        gen_length=gen_length,
+        steps=steps,
+        eps=eps,
+        alg=alg,
+        alg_temp=alg_temp or None,
+        temperature=float(temperature),
+        # vLLM's "off" values (top_p 1, top_k 0 or -1) mean the filter is not applied.
+        top_p=None if top_p >= 1 else float(top_p),
+        top_k=top_k if top_k > 0 else None,
+    )
+
+
+def sequence_copies(options: DecodeOptions) -> int:
+    """How many sequences one step of the request runs (2 with CFG)."""
+    return 2 if options.uses_cfg else 1

@@ -1,0 +1,64 @@
+"""The step plan: which requests run this denoising step, and which are admitted.
+
+A pure function of request costs and budgets, so its invariants are unit-tested
+without an engine.  The currency is query tokens: a request's cost is what its next
+step packs into the batch (a full-sequence Refresh costs prompt + canvas, times two
+with classifier-free guidance).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Candidate:
+    req_id: str
+    tokens: int  # query tokens of its next step
+    blocks: int = 0  # KV blocks it must be given to start (0 once running)
+
+
+@dataclass
+class StepPlan:
+    scheduled: list[str] = field(default_factory=list)  # running requests, in order
+    admitted: list[str] = field(default_factory=list)  # waiting requests to start
+    num_tokens: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_tokens.values())
+
+
+def plan_step(
+    running: list[Candidate],
+    waiting: list[Candidate],
+    *,
+    token_budget: int,
+    max_seqs: int,
+    free_blocks: int,
+) -> StepPlan:
+    """Plan one step, first come first served.
+
+    Running requests go first, in arrival order, while they fit.  Waiting requests
+    are admitted in arrival order into what is left; admission stops at the first one
+    that does not fit, so a large request is never starved by smaller ones behind it.
+    """
+    plan = StepPlan()
+    budget = token_budget
+    for cand in running:
+        if len(plan.num_tokens) >= max_seqs or cand.tokens > budget:
+            continue
+        plan.scheduled.append(cand.req_id)
+        plan.num_tokens[cand.req_id] = cand.tokens
+        budget -= cand.tokens
+    num_running = len(running)
+    for cand in waiting:
+        if num_running + len(plan.admitted) >= max_seqs:
+            break
+        if cand.tokens > budget or cand.blocks > free_blocks:
+            break
+        plan.admitted.append(cand.req_id)
+        plan.num_tokens[cand.req_id] = cand.tokens
+        budget -= cand.tokens
+        free_blocks -= cand.blocks
+    return plan

@@ -1,0 +1,162 @@
+"""vLLM Scheduler subclass that runs one denoising step per engine step.
+
+vLLM's queues, KV cache manager, stop checks and output plumbing are kept; the step
+plan (scheduler/plan.py) replaces the autoregressive token scheduling.  A request
+gets the KV blocks for its whole sequence (prompt + canvas, twice with CFG) when it
+is admitted, so a running request never runs short of KV.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from vllm.logger import init_logger
+from vllm.utils.math_utils import cdiv
+from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs
+from vllm.v1.request import Request, RequestStatus
+
+from vllm_dllm.options import OptionError, resolve, sequence_copies
+from vllm_dllm.scheduler.plan import Candidate, plan_step
+from vllm_dllm.server_config import server_defaults
+
+logger = init_logger(__name__)
+
+
+@dataclass(frozen=True)
+class RequestCost:
+    tokens: int
+    blocks: int
+
+
+class DiffusionScheduler(Scheduler):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.defaults = server_defaults(self.vllm_config)
+        self.block_size = self.cache_config.block_size
+        self._costs: dict[str, RequestCost] = {}
+        self._rejected: dict[str, str] = {}
+
+    # ---- admission ----------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        super().add_request(request)
+        reason = self._admission_problem(request)
+        if reason is not None:
+            logger.warning("Rejecting request %s: %s", request.request_id, reason)
+            self._rejected[request.request_id] = reason
+
+    def _admission_problem(self, request: Request) -> str | None:
+        params = request.sampling_params
+        if params is None:
+            return "diffusion models only serve generation requests"
+        try:
+            options = resolve(
+                self.defaults,
+                max_tokens=params.max_tokens,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k,
+                extra_args=params.extra_args,
+            )
+        except OptionError as err:
+            return str(err)
+        seq_len = request.num_prompt_tokens + options.gen_length
+        if seq_len > self.max_model_len:
+            return (
+                f"prompt ({request.num_prompt_tokens} tokens) plus generation length "
+                f"({options.gen_length}) exceeds max_model_len {self.max_model_len}"
+            )
+        tokens = seq_len * sequence_copies(options)
+        if tokens > self.max_num_scheduled_tokens:
+            return (
+                f"one denoising step of this request needs {tokens} tokens, more than "
+                f"max_num_batched_tokens {self.max_num_scheduled_tokens}"
+            )
+        blocks = cdiv(tokens, self.block_size)
+        capacity = self.kv_cache_manager.block_pool.num_gpu_blocks - 1
+        if blocks > capacity:
+            return f"request needs {blocks} KV blocks, the whole pool has {capacity}"
+        self._costs[request.request_id] = RequestCost(tokens=tokens, blocks=blocks)
+        return None
+
+    # ---- one step -----------------------------------------------------------
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        waiting = [r for r in self.waiting if r.request_id not in self._rejected]
+        plan = plan_step(
+            [Candidate(r.request_id, self._costs[r.request_id].tokens) for r in self.running],
+            [
+                Candidate(r.request_id, self._costs[r.request_id].tokens, self._costs[r.request_id].blocks)
+                for r in waiting
+            ],
+            token_budget=self.max_num_scheduled_tokens,
+            max_seqs=self.max_num_running_reqs,
+            free_blocks=self.kv_cache_manager.block_pool.get_num_free_blocks(),
+        )
+        now = time.monotonic()
+        new_reqs: list[NewRequestData] = []
+        for req_id in plan.admitted:
+            request = self.requests[req_id]
+            cost = self._costs[req_id]
+            if self.kv_cache_manager.allocate_slots(request, cost.tokens, has_scheduled_reqs=False) is None:
+                # The pool's own accounting disagrees with the plan: wait for frees.
+                for later in plan.admitted[plan.admitted.index(req_id):]:
+                    plan.num_tokens.pop(later)
+                break
+            self.waiting.remove_request(request)
+            self.running.append(request)
+            request.status = RequestStatus.RUNNING
+            if self.log_stats:
+                request.record_event(EngineCoreEventType.SCHEDULED, now)
+            new_reqs.append(
+                NewRequestData.from_request(
+                    request, self.kv_cache_manager.get_blocks(req_id).get_block_ids()
+                )
+            )
+        running = [self.requests[req_id] for req_id in plan.scheduled]
+        cached = CachedRequestData(
+            req_ids=list(plan.scheduled),
+            resumed_req_ids=set(),
+            new_token_ids=[],
+            all_token_ids={},
+            new_block_ids=[None] * len(running),
+            num_computed_tokens=[r.num_computed_tokens for r in running],
+            num_output_tokens=[r.num_output_tokens for r in running],
+        )
+        for req_id, tokens in plan.num_tokens.items():
+            self.requests[req_id].num_in_flight_tokens += tokens
+        output = SchedulerOutput(
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=dict(plan.num_tokens),
+            total_num_scheduled_tokens=sum(plan.num_tokens.values()),
+            scheduled_spec_decode_tokens={},
+            scheduled_encoder_inputs={},
+            finished_req_ids=self.finished_req_ids,
+            free_encoder_mm_hashes=[],
+            preempted_req_ids=self.reset_preempted_req_ids,
+        )
+        self.finished_req_ids = set()
+        self.reset_preempted_req_ids = set()
+        return output
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        if self._rejected:
+            reasons, self._rejected = self._rejected, {}
+            for request in self.finish_requests(list(reasons), RequestStatus.FINISHED_ERROR):
+                outputs.setdefault(request.client_index, EngineCoreOutputs()).outputs.append(
+                    EngineCoreOutput(
+                        request_id=request.request_id,
+                        new_token_ids=[],
+                        finish_reason=request.get_finished_reason(),
+                        stop_reason=reasons[request.request_id],
+                        events=request.take_events(),
+                    )
+                )
+        for req_id in [r for r in self._costs if r not in self.requests]:
+            del self._costs[req_id]
+        return outputs

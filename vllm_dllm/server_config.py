@@ -1,0 +1,118 @@
+"""Engine configuration for served diffusion models: the MODELS_CONFIG_MAP hook.
+
+vLLM calls the hook in the API/LLM process while it builds the config, before the
+platform fills in its own worker and scheduler.  The resolved server defaults are
+stored in `additional_config` so the engine-core and worker processes (which receive
+a pickled copy of the config) see exactly what the front end validated against.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from vllm.logger import init_logger
+
+from vllm_dllm.options import ARCHITECTURE_KINDS, LLADA, ServerDefaults
+
+logger = init_logger(__name__)
+
+RESOLVED_KEY = "dllm_resolved"
+USER_KEY = "dllm"
+
+SCHEDULER_CLS = "vllm_dllm.scheduler.scheduler.DiffusionScheduler"
+CPU_WORKER_CLS = "vllm_dllm.worker.cpu_worker.DiffusionCPUWorker"
+GPU_WORKER_CLS = "vllm_dllm.worker.gpu_worker.DiffusionGPUWorker"
+VALIDATOR_CLS = "vllm_dllm.validation:DiffusionParamsValidator"
+
+# Defaults of the process that built the config; read by the request validator,
+# which vLLM runs in that same process.
+_process_defaults: ServerDefaults | None = None
+
+
+def process_defaults() -> ServerDefaults | None:
+    return _process_defaults
+
+
+def server_defaults(vllm_config) -> ServerDefaults:
+    return ServerDefaults.from_dict(vllm_config.additional_config[RESOLVED_KEY])
+
+
+def served_kind(model_config) -> str | None:
+    for arch in getattr(model_config.hf_config, "architectures", None) or []:
+        if arch in ARCHITECTURE_KINDS:
+            return ARCHITECTURE_KINDS[arch]
+    return None
+
+
+def _generation_config(model_config) -> dict[str, Any]:
+    try:
+        config = model_config.try_get_generation_config()
+    except Exception:  # a missing or unreadable file means "no defaults"
+        return {}
+    return dict(config or {})
+
+
+class DiffusionConfigHook:
+    """Registered in vLLM's MODELS_CONFIG_MAP for LLaDAModelLM and DreamModel."""
+
+    @staticmethod
+    def verify_and_update_model_config(model_config) -> None:
+        if served_kind(model_config) == LLADA:
+            # The LLaDA reference decodes greedily unless asked otherwise; its
+            # generation_config.json says nothing about temperature.
+            overrides = dict(model_config.override_generation_config or {})
+            if "temperature" not in _generation_config(model_config):
+                overrides.setdefault("temperature", 0.0)
+            model_config.override_generation_config = overrides
+
+    @staticmethod
+    def verify_and_update_config(vllm_config) -> None:
+        global _process_defaults
+        model_config = vllm_config.model_config
+        kind = served_kind(model_config)
+        if kind is None:
+            return
+        additional = vllm_config.additional_config
+        defaults = ServerDefaults.build(
+            kind, _generation_config(model_config), additional.get(USER_KEY, {})
+        )
+        additional[RESOLVED_KEY] = defaults.to_dict()
+        _process_defaults = defaults
+
+        parallel = vllm_config.parallel_config
+        if parallel.worker_cls == "auto":
+            parallel.worker_cls = _worker_cls(vllm_config)
+        scheduler = vllm_config.scheduler_config
+        if scheduler.scheduler_cls in (None, "vllm.v1.core.sched.scheduler.Scheduler"):
+            scheduler.scheduler_cls = SCHEDULER_CLS
+        scheduler.async_scheduling = False
+        # A step recomputes or rewrites whole sequences; bidirectional KV is not
+        # prefix-stable, so cached prefixes would be wrong.
+        vllm_config.cache_config.enable_prefix_caching = False
+        if scheduler.max_num_batched_tokens < model_config.max_model_len:
+            logger.info(
+                "Raising max_num_batched_tokens from %d to max_model_len %d: one "
+                "denoising step runs a whole sequence.",
+                scheduler.max_num_batched_tokens,
+                model_config.max_model_len,
+            )
+            scheduler.max_num_batched_tokens = model_config.max_model_len
+        processors = list(model_config.logits_processors or [])
+        if VALIDATOR_CLS not in processors:
+            model_config.logits_processors = [VALIDATOR_CLS, *processors]
+
+
+def _worker_cls(vllm_config) -> str:
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        return CPU_WORKER_CLS
+    if current_platform.is_cuda():
+        # The V2 runner family expects a different scheduler output format; our
+        # runner speaks V1's.
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+        return GPU_WORKER_CLS
+    raise RuntimeError(
+        f"vllm-dllm supports CPU and CUDA platforms, not {current_platform.device_name}"
+    )

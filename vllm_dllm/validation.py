@@ -1,0 +1,69 @@
+"""Request validation at admission, in the API/LLM process.
+
+vLLM calls `validate_params` of every configured logits processor on each request
+before it reaches the engine, and turns its ValueError into an HTTP 400 (or an
+exception from `LLM.generate`).  The class is a logits processor only in shape: its
+`apply` is the identity and our runner never calls it.
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.exceptions import VLLMValidationError
+from vllm.v1.sample.logits_processor.interface import LogitsProcessor
+
+from vllm_dllm.options import OptionError, resolve
+from vllm_dllm.server_config import process_defaults
+
+# SamplingParams fields vLLM honours for autoregressive models that a masked
+# diffusion step cannot: the request is refused rather than silently changed.
+_UNSUPPORTED = {
+    "logit_bias": lambda p: bool(p.logit_bias),
+    "logprobs": lambda p: p.logprobs is not None,
+    "prompt_logprobs": lambda p: p.prompt_logprobs is not None,
+    "structured_outputs": lambda p: p.structured_outputs is not None,
+    "allowed_token_ids": lambda p: bool(p.allowed_token_ids),
+    "bad_words": lambda p: bool(p.bad_words),
+    "min_p": lambda p: p.min_p > 0,
+    "presence_penalty": lambda p: p.presence_penalty != 0,
+    "frequency_penalty": lambda p: p.frequency_penalty != 0,
+    "repetition_penalty": lambda p: p.repetition_penalty != 1,
+}
+
+
+class DiffusionParamsValidator(LogitsProcessor):
+    @classmethod
+    def validate_params(cls, sampling_params) -> None:
+        defaults = process_defaults()
+        if defaults is None:
+            return
+        for name, is_set in _UNSUPPORTED.items():
+            if is_set(sampling_params):
+                raise VLLMValidationError(
+                    f"'{name}' is not supported by diffusion decoding", parameter=name
+                )
+        try:
+            resolve(
+                defaults,
+                max_tokens=sampling_params.max_tokens,
+                temperature=sampling_params.temperature,
+                top_p=sampling_params.top_p,
+                top_k=sampling_params.top_k,
+                extra_args=sampling_params.extra_args,
+            )
+        except OptionError as err:
+            raise VLLMValidationError(str(err)) from err
+
+    def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
+        # vLLM's stock runners instantiate every configured processor; as one it is
+        # an identity.
+        pass
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits
+
+    def is_argmax_invariant(self) -> bool:
+        return True
+
+    def update_state(self, batch_update) -> None:
+        return None
