@@ -46,8 +46,14 @@ def served_kind(model_config) -> str | None:
 
 
 def _generation_config(model_config) -> dict[str, Any]:
+    """generation_config.json as written: transformers' GenerationConfig drops the
+    diffusion keys (alg, steps, eps) of files marked `_from_model_config`."""
+    from vllm.transformers_utils.repo_utils import get_hf_file_to_dict
+
     try:
-        config = model_config.try_get_generation_config()
+        config = get_hf_file_to_dict(
+            "generation_config.json", model_config.model, model_config.revision
+        )
     except Exception:  # a missing or unreadable file means "no defaults"
         return {}
     return dict(config or {})

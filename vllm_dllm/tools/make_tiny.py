@@ -22,6 +22,9 @@ What is written (see MODEL_SPEC.md sections 1, 1b, 2, 5):
   ``tokenizer_config.json`` (``DreamTokenizer``, Qwen2.5 chat template),
   ``special_tokens_map.json`` and ``added_tokens.json``.
 
+Besides the HF files, ``make_tiny.json`` records the generator arguments
+(handy to tell whether a cached folder is stale; HF loaders ignore it).
+
 Only the configuration and tokenizer code is written (copies of
 ``vllm_dllm/configs/{llada,dream,dream_tokenizer}.py``). The HF *modeling*
 files (``modeling_llada.py``, ``modeling_dream.py``, ``generation_utils.py``)
