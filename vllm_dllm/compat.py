@@ -28,8 +28,8 @@ def _major_minor(text: str) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
-def check_vllm_version() -> None:
-    found = vllm_version()
+def check_vllm_version(found: str | None = None) -> None:
+    found = found or vllm_version()
     try:
         major_minor = _major_minor(found)
     except (ValueError, IndexError):

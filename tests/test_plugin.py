@@ -1,0 +1,85 @@
+"""Plugin registration: what it changes for our architectures, and that it changes
+nothing for any other model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from vllm.engine.arg_utils import EngineArgs
+
+import vllm_dllm
+from vllm_dllm.compat import check_vllm_version
+from vllm_dllm.server_config import CPU_WORKER_CLS, RESOLVED_KEY, SCHEDULER_CLS, VALIDATOR_CLS
+
+
+def engine_config(model_dir, **kwargs):
+    args = EngineArgs(model=str(model_dir), max_model_len=256, enforce_eager=True, **kwargs)
+    return args.create_engine_config()
+
+
+def test_register_is_idempotent_and_adds_only_our_architectures():
+    from vllm import ModelRegistry
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
+    before = dict(MODELS_CONFIG_MAP)
+    vllm_dllm.register()
+    vllm_dllm.register()
+    added = set(MODELS_CONFIG_MAP) - set(before)
+    assert added <= {"LLaDAModelLM", "DreamModel"}
+    assert {"LLaDAModelLM", "DreamModel"} <= set(ModelRegistry.get_supported_archs())
+    for arch, hook in before.items():
+        assert MODELS_CONFIG_MAP[arch] is hook
+
+
+@pytest.mark.parametrize("found", ["0.31.2", "0.33.0", "1.0.0"])
+def test_unsupported_vllm_versions_fail_clearly(found):
+    with pytest.raises(RuntimeError, match=f"found vLLM {found}"):
+        check_vllm_version(found)
+    check_vllm_version("0.32.0")
+    check_vllm_version("0.32.1+cpu")
+
+
+@pytest.mark.parametrize("arch", ["llada", "dream"])
+def test_diffusion_models_get_our_worker_scheduler_and_validator(tiny_dirs, arch):
+    vllm_dllm.register()
+    config = engine_config(
+        tiny_dirs(arch), additional_config={"dllm": {"steps": 8, "max_num_logits": 64}}
+    )
+    assert config.parallel_config.worker_cls == CPU_WORKER_CLS
+    assert config.scheduler_config.scheduler_cls == SCHEDULER_CLS
+    assert VALIDATOR_CLS in config.model_config.logits_processors
+    assert config.cache_config.enable_prefix_caching is False
+    resolved = config.additional_config[RESOLVED_KEY]
+    assert resolved["kind"] == arch
+    assert resolved["overrides"]["steps"] == 8
+    assert resolved["max_num_logits"] == 64
+
+
+def test_bad_server_options_fail_at_startup(tiny_dirs):
+    vllm_dllm.register()
+    with pytest.raises(ValueError, match="unknown diffusion option 'stepz'"):
+        engine_config(tiny_dirs("llada"), additional_config={"dllm": {"stepz": 8}})
+
+
+def test_other_models_are_untouched(tmp_path):
+    vllm_dllm.register()
+    llama = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 1,
+        "vocab_size": 256,
+        "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-5,
+        "torch_dtype": "float32",
+    }
+    (tmp_path / "config.json").write_text(json.dumps(llama))
+    config = engine_config(tmp_path, skip_tokenizer_init=True)
+    assert config.parallel_config.worker_cls == "vllm.v1.worker.cpu_worker.CPUWorker"
+    assert config.scheduler_config.scheduler_cls in (None, "vllm.v1.core.sched.scheduler.Scheduler")
+    assert not config.model_config.logits_processors
+    assert RESOLVED_KEY not in config.additional_config
