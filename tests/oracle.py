@@ -49,7 +49,7 @@ def splitmix64(x: int) -> int:
 
 def stream_seed(seed: int, step: int, position: int, stream: int) -> int:
     """The integer passed to `manual_seed` for one (seed, step, position, stream)."""
-    key = seed % _U64
+    key = splitmix64(seed % _U64)
     for part in (step, position, stream):
         key = splitmix64(key ^ (part % _U64))
     return key >> 1

@@ -470,21 +470,25 @@ def test_to_dict_from_dict_round_trip(defaults):
     assert res(again, max_tokens=32) == res(defaults, max_tokens=32)
 
 
-# ---------------------------------------------------------------------------
-# Known bug (reported, not fixed here): a non-positive block_length coming from the
-# server dict or generation_config.json is type-checked only, and resolve() then
-# computes `gen_length % 0` before its positivity check (options.py, the
-# "block_length" not in request branch) -> ZeroDivisionError instead of OptionError.
-# The scheduler's add_request only catches OptionError.
-# ---------------------------------------------------------------------------
+# Out-of-range server settings fail at start-up; out-of-range values in a
+# checkpoint's generation_config.json are ignored.
 
 
-@pytest.mark.xfail(raises=ZeroDivisionError, strict=True, reason="options.py: server block_length 0")
-@pytest.mark.parametrize("where", ["server", "generation_config"])
-def test_zero_block_length_from_server_or_generation_config_is_an_option_error(where):
-    with pytest.raises(OptionError, match="block_length"):
-        if where == "server":
-            defaults = llada(server={"block_length": 0})
-        else:
-            defaults = llada(gen_config={"block_length": 0})
-        res(defaults, max_tokens=64)
+@pytest.mark.parametrize(
+    "server, message",
+    [
+        ({"block_length": 0}, "'block_length' must be a positive integer"),
+        ({"block_length": -5}, "'block_length' must be a positive integer"),
+        ({"steps": 0}, "'steps' must be a positive integer"),
+        ({"remasking": "zzz"}, "unknown remasking 'zzz'"),
+    ],
+)
+def test_out_of_range_server_settings_fail_at_startup(server, message):
+    with pytest.raises(OptionError, match=message):
+        llada(server=server)
+
+
+def test_out_of_range_generation_config_values_are_ignored():
+    defaults = llada(gen_config={"block_length": 0, "steps": -3})
+    assert "block_length" not in defaults.overrides or defaults.overrides["block_length"] > 0
+    assert res(defaults, max_tokens=64).block_length > 0

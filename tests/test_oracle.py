@@ -210,13 +210,13 @@ def test_rng_contract_hard_values():
     # SplitMix64 published test vector: state 0 -> first output 0xE220A8397B1DCDAF.
     assert oracle.splitmix64(0) == 0xE220A8397B1DCDAF
     # Expected keys computed once by an independent C program (uint64_t arithmetic):
-    #   k = (uint64_t)seed; for part in (step, pos, stream): k = splitmix64(k ^ (uint64_t)part);
+    #   k = splitmix64((uint64_t)seed); for part in (step, pos, stream): k = splitmix64(k ^ (uint64_t)part);
     #   key = k >> 1        (negative parts cast to uint64_t, i.e. taken mod 2**64)
     expected = {
-        (0, 0, 0, 1): 1700482428262628912,
-        (1234, 7, 3, 4): 4847592720360349786,
-        (42, 0, -1, 5): 505708563411806593,
-        (-1, 5, 2, 2): 164175661122803606,
+        (0, 0, 0, 1): 1524337140709899146,
+        (1234, 7, 3, 4): 9160379492957064799,
+        (42, 0, -1, 5): 5857413864073846415,
+        (-1, 5, 2, 2): 7664834656117748911,
     }
     for args, key in expected.items():
         assert oracle.stream_seed(*args) == key
@@ -224,7 +224,7 @@ def test_rng_contract_hard_values():
     # The generator is torch's CPU generator seeded with that key (values recorded once).
     gen = oracle.stream_generator(1234, 7, 3, 4)
     draws = torch.rand(3, dtype=torch.float64, generator=gen).tolist()
-    assert draws == pytest.approx([0.7317017140243837, 0.9960339277577049, 0.010359513363778272], abs=0)
+    assert draws == pytest.approx([0.1955115290584054, 0.8938457944849358, 0.7236772602381808], abs=0)
     # Every part of the key matters.
     base = oracle.stream_seed(1, 2, 3, 4)
     assert len({base, oracle.stream_seed(2, 2, 3, 4), oracle.stream_seed(1, 3, 3, 4),

@@ -121,8 +121,23 @@ def _check_type(key: str, value: Any, types: tuple[type, ...], where: str) -> No
         )
 
 
+def _range_problem(key: str, value: Any) -> str | None:
+    """Why a well-typed option value is out of range, or None."""
+    if key in ("steps", "block_length") and value <= 0:
+        return f"'{key}' must be a positive integer, got {value}"
+    if key == "remasking" and value not in LLADA_REMASKING:
+        return f"unknown remasking '{value}'; choose one of {', '.join(LLADA_REMASKING)}"
+    if key == "alg" and value not in DREAM_ALGS:
+        return f"unknown alg '{value}'; choose one of {', '.join(DREAM_ALGS)}"
+    if key in ("cfg_scale", "alg_temp") and value is not None and value < 0:
+        return f"'{key}' must be >= 0, got {value}"
+    if key == "eps" and not 0 < value < 1:
+        return f"'eps' must lie in (0, 1), got {value}"
+    return None
+
+
 def check_overrides(kind: str, values: dict[str, Any], where: str) -> dict[str, Any]:
-    """Type-check a dict of option overrides for one model kind."""
+    """Type- and range-check a dict of option overrides for one model kind."""
     if not isinstance(values, dict):
         raise OptionError(f"{where} must be a JSON object, got {type(values).__name__}")
     allowed = _REQUEST_KEYS[kind]
@@ -138,11 +153,18 @@ def check_overrides(kind: str, values: dict[str, Any], where: str) -> dict[str, 
                 f"known options: {', '.join(sorted(allowed))}"
             )
         _check_type(key, value, allowed[key], where)
+        problem = _range_problem(key, value)
+        if problem:
+            raise OptionError(f"{where} {problem}")
     return dict(values)
 
 
 def defaults_from_generation_config(kind: str, gen_config: dict[str, Any]) -> dict:
-    """The decoding knobs a model's generation_config.json carries."""
+    """The decoding knobs a model's generation_config.json carries.
+
+    Values we cannot use are skipped rather than refused: a checkpoint's file should
+    not make the model unservable; the server and the request can still set them.
+    """
     keys = _REQUEST_KEYS[kind]
     out = {}
     for key in keys:
@@ -153,7 +175,8 @@ def defaults_from_generation_config(kind: str, gen_config: dict[str, Any]) -> di
             _check_type(key, value, keys[key], "generation_config.json")
         except OptionError:
             continue
-        out[key] = value
+        if _range_problem(key, value) is None:
+            out[key] = value
     return out
 
 
@@ -174,8 +197,10 @@ class ServerDefaults:
         server = dict(server)
         max_num_logits = server.pop("max_num_logits", DEFAULT_MAX_NUM_LOGITS)
         _check_type("max_num_logits", max_num_logits, (int,), "--additional-config dllm")
-        if max_num_logits <= 0:
-            raise OptionError("--additional-config dllm 'max_num_logits' must be > 0")
+        if max_num_logits < 2:
+            # Classifier-free guidance projects a conditional and an unconditional
+            # row per position in one chunk.
+            raise OptionError("--additional-config dllm 'max_num_logits' must be at least 2")
         merged = dict(PAPER_DEFAULTS[kind])
         merged.update(defaults_from_generation_config(kind, generation_config))
         merged.update(check_overrides(kind, server, "--additional-config dllm"))
@@ -229,7 +254,6 @@ def resolve(
         block_length = merged.get("block_length", gen_length)
         if "block_length" not in request and gen_length % block_length:
             block_length = gen_length
-        block_length = _positive_int("block_length", block_length)
         if gen_length % block_length:
             raise OptionError(
                 f"generation length (max_tokens={gen_length}) must be a multiple "
@@ -241,44 +265,26 @@ def resolve(
                 f"steps={steps} must be divisible by the number of blocks "
                 f"({num_blocks} = max_tokens {gen_length} / block_length {block_length})"
             )
-        remasking = merged["remasking"]
-        if remasking not in LLADA_REMASKING:
-            raise OptionError(
-                f"unknown remasking '{remasking}'; choose one of {', '.join(LLADA_REMASKING)}"
-            )
-        cfg_scale = float(merged["cfg_scale"])
-        if cfg_scale < 0:
-            raise OptionError(f"'cfg_scale' must be >= 0, got {cfg_scale}")
         return LLaDAOptions(
             gen_length=gen_length,
             steps=steps,
             block_length=block_length,
-            remasking=remasking,
+            remasking=merged["remasking"],
             temperature=float(temperature),
-            cfg_scale=cfg_scale,
+            cfg_scale=float(merged["cfg_scale"]),
             logits_eos_inf=bool(merged["logits_eos_inf"]),
             confidence_eos_eot_inf=bool(merged["confidence_eos_eot_inf"]),
         )
 
-    eps = float(merged["eps"])
-    if not 0 < eps < 1:
-        raise OptionError(f"'eps' must lie in (0, 1), got {eps}")
-    alg = merged["alg"]
-    if alg not in DREAM_ALGS:
-        raise OptionError(f"unknown alg '{alg}'; choose one of {', '.join(DREAM_ALGS)}")
     alg_temp = merged.get("alg_temp")
-    if alg_temp is not None:
-        alg_temp = float(alg_temp)
-        if alg_temp < 0:
-            raise OptionError(f"'alg_temp' must be >= 0, got {alg_temp}")
     if not 0 < top_p <= 1:
         raise OptionError(f"'top_p' must lie in (0, 1], got {top_p}")
     return DreamOptions(
         gen_length=gen_length,
         steps=steps,
-        eps=eps,
-        alg=alg,
-        alg_temp=alg_temp or None,
+        eps=float(merged["eps"]),
+        alg=merged["alg"],
+        alg_temp=float(alg_temp) if alg_temp else None,
         temperature=float(temperature),
         # vLLM's "off" values (top_p 1, top_k 0 or -1) mean the filter is not applied.
         top_p=None if top_p >= 1 else float(top_p),

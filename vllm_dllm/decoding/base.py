@@ -24,10 +24,11 @@ class SpecialIds:
 
 
 class DecodingRule(ABC):
-    def __init__(self, options: DecodeOptions, ids: SpecialIds, seed: int):
+    def __init__(self, options: DecodeOptions, ids: SpecialIds, seed: int, prompt_len: int = 0):
         self.options = options
         self.ids = ids
         self.seed = seed
+        self.prompt_len = prompt_len
         self.step = 0
         self.canvas = torch.full((options.gen_length,), ids.mask, dtype=torch.long)
 
@@ -43,6 +44,25 @@ class DecodingRule(ABC):
         """Length of the committed prefix: tokens that can be streamed out."""
         masked = self.masked.nonzero()
         return int(masked[0]) if len(masked) else self.options.gen_length
+
+    def commit_most_confident(
+        self, positions: torch.Tensor, tokens: torch.Tensor, confidence: torch.Tensor, count: int
+    ) -> None:
+        """Commit the `count` most confident candidates.
+
+        The references rank over the whole sequence (prompt + canvas) with -inf off
+        the candidates; ranking the same vector keeps their tie-breaking.
+        """
+        if count <= 0:
+            return
+        full = torch.full(
+            (self.prompt_len + self.options.gen_length,), float("-inf"), dtype=confidence.dtype
+        )
+        full[self.prompt_len + positions] = confidence
+        chosen = torch.topk(full, count).indices - self.prompt_len
+        proposal = self.canvas.clone()
+        proposal[positions] = tokens
+        self.canvas[chosen] = proposal[chosen]
 
     @abstractmethod
     def rows_needing_logits(self) -> torch.Tensor:
@@ -75,7 +95,9 @@ def register_rule(kind: str):
     return wrap
 
 
-def make_rule(kind: str, options: DecodeOptions, ids: SpecialIds, seed: int) -> DecodingRule:
+def make_rule(
+    kind: str, options: DecodeOptions, ids: SpecialIds, seed: int, prompt_len: int = 0
+) -> DecodingRule:
     # Importing the rule modules fills the registry.
     from vllm_dllm.decoding import dream, llada  # noqa: F401
 
@@ -83,4 +105,4 @@ def make_rule(kind: str, options: DecodeOptions, ids: SpecialIds, seed: int) -> 
         cls = _RULES[kind]
     except KeyError:
         raise ValueError(f"no decoding rule for model kind '{kind}'") from None
-    return cls(options, ids, seed)
+    return cls(options, ids, seed, prompt_len)

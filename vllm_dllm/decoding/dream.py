@@ -33,8 +33,8 @@ def filter_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
 class DreamRule(DecodingRule):
     options: DreamOptions
 
-    def __init__(self, options: DreamOptions, ids: SpecialIds, seed: int):
-        super().__init__(options, ids, seed)
+    def __init__(self, options: DreamOptions, ids: SpecialIds, seed: int, prompt_len: int = 0):
+        super().__init__(options, ids, seed, prompt_len)
         self._timesteps = torch.linspace(1, options.eps, options.steps + 1)
 
     @property
@@ -106,10 +106,10 @@ class DreamRule(DecodingRule):
         if self.options.alg == "origin":
             self.canvas[positions] = tokens
         else:
-            self._commit_most_confident(positions, tokens, confidence.float().cpu())
+            self._commit_confident(positions, tokens, confidence.cpu())
         self.step += 1
 
-    def _commit_most_confident(
+    def _commit_confident(
         self, positions: torch.Tensor, tokens: torch.Tensor, confidence: torch.Tensor
     ) -> None:
         num_masked = len(positions)
@@ -117,23 +117,23 @@ class DreamRule(DecodingRule):
             count = num_masked
         else:
             count = int(torch.tensor(num_masked) / 1 * self._unmask_fraction())
-        if count <= 0:
-            return
         alg_temp = self.options.alg_temp
         if alg_temp is None:
-            chosen = torch.topk(confidence, count).indices
-        else:
-            # The reference draws over the whole sequence with -inf off the masks;
-            # the contract draws over the canvas, which gives the same distribution.
-            full = torch.full((self.options.gen_length,), float("-inf"))
-            full[positions] = confidence
-            weights = torch.softmax(full / alg_temp, dim=-1)
-            picked = torch.multinomial(
-                weights,
-                count,
-                replacement=False,
-                generator=rng.generator(self.seed, self.step, rng.WHOLE_CANVAS, rng.SELECT),
-            )
-            index_of = {int(p): i for i, p in enumerate(positions.tolist())}
-            chosen = torch.tensor([index_of[int(p)] for p in picked], dtype=torch.long)
-        self.canvas[positions[chosen]] = tokens[chosen]
+            self.commit_most_confident(positions, tokens, confidence, count)
+            return
+        if count <= 0:
+            return
+        # The reference draws over the whole sequence with -inf off the masks; the
+        # contract draws over the canvas, which gives the same distribution.
+        full = torch.full((self.options.gen_length,), float("-inf"))
+        full[positions] = confidence.float()
+        weights = torch.softmax(full / alg_temp, dim=-1)
+        picked = torch.multinomial(
+            weights,
+            count,
+            replacement=False,
+            generator=rng.generator(self.seed, self.step, rng.WHOLE_CANVAS, rng.SELECT),
+        )
+        proposal = self.canvas.clone()
+        proposal[positions] = tokens
+        self.canvas[picked] = proposal[picked]

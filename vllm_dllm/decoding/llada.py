@@ -23,8 +23,8 @@ def transfer_counts(num_masked: int, steps: int) -> list[int]:
 class LLaDARule(DecodingRule):
     options: LLaDAOptions
 
-    def __init__(self, options: LLaDAOptions, ids: SpecialIds, seed: int):
-        super().__init__(options, ids, seed)
+    def __init__(self, options: LLaDAOptions, ids: SpecialIds, seed: int, prompt_len: int = 0):
+        super().__init__(options, ids, seed, prompt_len)
         self._counts: list[int] = []
 
     @property
@@ -92,7 +92,5 @@ class LLaDARule(DecodingRule):
     ) -> None:
         count = self._counts[self.step_in_block] if self._counts else 0
         count = min(count, len(positions))
-        if count > 0:
-            chosen = torch.topk(confidence.float().cpu(), count).indices
-            self.canvas[positions.cpu()[chosen]] = tokens.cpu()[chosen]
+        self.commit_most_confident(positions.cpu(), tokens.cpu(), confidence.cpu(), count)
         self.step += 1

@@ -18,7 +18,9 @@ Reduce = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor
 
 def rows_per_chunk(max_rows: int, copies: int) -> int:
     """Canvas positions per chunk when each needs `copies` logits rows (CFG: 2)."""
-    return max(1, max_rows // copies)
+    if max_rows < copies:
+        raise ValueError(f"a chunk of {max_rows} logits rows cannot hold {copies} rows per position")
+    return max_rows // copies
 
 
 def chunked_reduce(

@@ -7,7 +7,7 @@ chunked for the LM head, and of which rows are still masked: the property that m
 seeded sampling reproducible under batching.
 
 The contract (the test oracle implements it independently):
-    key = seed mod 2**64
+    key = splitmix64(seed mod 2**64)
     for part in (step, position, stream): key = splitmix64(key XOR (part mod 2**64))
     generator = torch.Generator("cpu").manual_seed(key >> 1)
 Positions are 0-based canvas indices (0 = first generated token); draws that belong
@@ -38,7 +38,8 @@ def _splitmix64(x: int) -> int:
 
 
 def stream_key(seed: int, step: int, position: int, stream: int) -> int:
-    key = seed & _MASK64
+    # Mixing the seed first keeps (seed s, step t) apart from (seed s^d, step t^d).
+    key = _splitmix64(seed & _MASK64)
     for part in (step, position, stream):
         key = _splitmix64(key ^ (part & _MASK64))
     return key >> 1

@@ -244,6 +244,6 @@ class DiffusionModelRunner:
             extra_args=params.extra_args,
         )
         seed = params.seed if params.seed is not None else secrets.randbits(63)
-        rule = make_rule(self.defaults.kind, options, self.ids, seed)
         prompt = torch.tensor(new.prompt_token_ids, dtype=torch.long)
+        rule = make_rule(self.defaults.kind, options, self.ids, seed, prompt_len=len(prompt))
         return RequestState(req_id=new.req_id, prompt=prompt, rule=rule)
