@@ -1,0 +1,130 @@
+"""Generated tasks with checkable answers: the trained model's curriculum and yardstick.
+
+Each task draws unlimited instances from a seeded `random.Random`.  Train and test
+splits never overlap: an instance belongs to the test split exactly when a hash of its
+content falls in the test bucket, and a generator asked for one split redraws until it
+gets an instance of that split.
+
+Formats (prompt -> answer), all plain text so a curl request reads naturally:
+  retrieval  "lookup\\n;ab=cd;ef=gh;...;mn=op\\nvalue of;ef="   -> "gh"
+  addition   "add 48213+975="                                   -> "1023188"
+  copy       "copy QWERTYUIOPAS"                                -> "QWERTYUIOPAS"
+  reverse    "reverse QWERTYUIOPAS"                             -> "SAPOIUYTREWQ"
+Keys and values are two lowercase letters; the tokenizer makes ";xy=" and "xy" single
+tokens, so a 120-pair context is about 240 tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import string
+from dataclasses import dataclass
+
+LETTERS = string.ascii_lowercase
+SYMBOLS = string.ascii_uppercase
+TEST_BUCKETS = 10  # one bucket in ten is the test split
+
+TRAIN, TEST = "train", "test"
+
+
+@dataclass(frozen=True)
+class Instance:
+    task: str
+    prompt: str
+    answer: str
+
+
+def _split_of(prompt: str) -> str:
+    digest = hashlib.blake2b(prompt.encode(), digest_size=8).digest()
+    return TEST if int.from_bytes(digest, "little") % TEST_BUCKETS == 0 else TRAIN
+
+
+class Task:
+    name: str
+    gen_length: int  # canvas length used to train and evaluate this task
+
+    def draw(self, rng: random.Random) -> Instance:
+        raise NotImplementedError
+
+    def sample(self, rng: random.Random, split: str) -> Instance:
+        while True:
+            instance = self.draw(rng)
+            if _split_of(instance.prompt) == split:
+                return instance
+
+
+def _pair(rng: random.Random) -> str:
+    return rng.choice(LETTERS) + rng.choice(LETTERS)
+
+
+class Retrieval(Task):
+    name = "retrieval"
+    gen_length = 8
+
+    def __init__(self, min_pairs: int = 40, max_pairs: int = 120):
+        self.min_pairs, self.max_pairs = min_pairs, max_pairs
+
+    def draw(self, rng: random.Random) -> Instance:
+        n = rng.randint(self.min_pairs, self.max_pairs)
+        keys: list[str] = []
+        seen: set[str] = set()
+        while len(keys) < n:
+            key = _pair(rng)
+            if key not in seen:
+                seen.add(key)
+                keys.append(key)
+        values = [_pair(rng) for _ in keys]
+        query = rng.randrange(n)
+        pairs = "".join(f";{k}={v}" for k, v in zip(keys, values))
+        return Instance(self.name, f"lookup\n{pairs}\nvalue of;{keys[query]}=", values[query])
+
+
+class Addition(Task):
+    name = "addition"
+    gen_length = 8
+
+    def __init__(self, max_digits: int = 6):
+        self.max_digits = max_digits
+
+    def draw(self, rng: random.Random) -> Instance:
+        a = rng.randrange(10 ** rng.randint(1, self.max_digits))
+        b = rng.randrange(10 ** rng.randint(1, self.max_digits))
+        return Instance(self.name, f"add {a}+{b}=", str(a + b))
+
+
+class Copy(Task):
+    name = "copy"
+    gen_length = 56
+
+    def __init__(self, min_len: int = 16, max_len: int = 48):
+        self.min_len, self.max_len = min_len, max_len
+
+    def transform(self, text: str) -> str:
+        return text
+
+    def draw(self, rng: random.Random) -> Instance:
+        text = "".join(rng.choice(SYMBOLS) for _ in range(rng.randint(self.min_len, self.max_len)))
+        return Instance(self.name, f"{self.name} {text}", self.transform(text))
+
+
+class Reverse(Copy):
+    name = "reverse"
+
+    def transform(self, text: str) -> str:
+        return text[::-1]
+
+
+TASKS: dict[str, Task] = {t.name: t for t in (Retrieval(), Addition(), Copy(), Reverse())}
+
+
+def get_task(name: str) -> Task:
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise ValueError(f"unknown task '{name}'; choose from {', '.join(TASKS)}") from None
+
+
+def score(instance: Instance, output: str) -> bool:
+    """Exact match of the generated text (whitespace-trimmed) with the answer."""
+    return output.strip() == instance.answer

@@ -1,0 +1,220 @@
+"""Train the small LLaDA-format model on the generated tasks.
+
+    python -m vllm_dllm.tools.train --out runs/task-model --minutes 40
+
+Masked-diffusion SFT as LLaDA does it: the prompt stays clean, each canvas position
+(answer, <|eot_id|>, EOS padding) is masked with probability t ~ U(0, 1), and the loss
+is the cross-entropy on masked positions weighted by 1/t.  Fixed seeds; every
+`--save-every` steps the full state (model, optimizer, RNGs) is saved so a stopped
+run resumes with `--resume`.  Loss and held-out accuracy go to OUT/train_log.jsonl;
+the final model is written to OUT/model as an unmodified LLaDA checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import random
+import time
+
+import torch
+import torch.nn.functional as F
+
+from vllm_dllm.decoding.base import SpecialIds, make_rule
+from vllm_dllm.options import LLADA, LLaDAOptions
+from vllm_dllm.tasks import TASKS, TEST, TRAIN, Instance, Task, score
+from vllm_dllm.training.checkpoint import build_tokenizer, write_checkpoint
+from vllm_dllm.training.model import TrainableLLaDA
+
+CHAT_PREFIX = "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\n"
+CHAT_SUFFIX = "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+
+# Sequences per batch, chosen so each task's batch is a similar number of tokens.
+BATCH_SIZES = {"retrieval": 24, "addition": 96, "copy": 48, "reverse": 48}
+
+
+class Encoder:
+    def __init__(self, tokenizer_dir: pathlib.Path, ids: dict[str, int]):
+        from transformers import PreTrainedTokenizerFast
+
+        self.tok = PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_dir / "tokenizer.json"))
+        self.ids = ids
+
+    def prompt(self, text: str) -> list[int]:
+        return self.tok.encode(CHAT_PREFIX + text.strip() + CHAT_SUFFIX, add_special_tokens=False)
+
+    def canvas(self, answer: str, gen_length: int) -> list[int]:
+        tokens = self.tok.encode(answer, add_special_tokens=False) + [self.ids["eot"]]
+        if len(tokens) > gen_length:
+            raise ValueError(f"answer of {len(tokens)} tokens does not fit a canvas of {gen_length}")
+        return tokens + [self.ids["eos"]] * (gen_length - len(tokens))
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.tok.decode(tokens, skip_special_tokens=True)
+
+
+def make_batch(task: Task, encoder: Encoder, rng: random.Random, size: int, split: str = TRAIN):
+    instances = [task.sample(rng, split) for _ in range(size)]
+    prompts = [encoder.prompt(i.prompt) for i in instances]
+    canvases = [encoder.canvas(i.answer, task.gen_length) for i in instances]
+    return instances, prompts, canvases
+
+
+def pack(prompts: list[list[int]], canvases: list[list[int]], pad: int):
+    """Right-padded [B, L] ids, per-row lengths and the canvas start of each row."""
+    rows = [p + c for p, c in zip(prompts, canvases)]
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row)
+    lengths = torch.tensor([len(r) for r in rows])
+    starts = torch.tensor([len(p) for p in prompts])
+    return ids, lengths, starts
+
+
+def diffusion_loss(model, ids, lengths, starts, gen_length: int, mask_id: int, gen: torch.Generator):
+    b = ids.shape[0]
+    t = torch.rand(b, generator=gen).clamp(min=1e-3)
+    offsets = torch.arange(gen_length)
+    canvas_pos = starts[:, None] + offsets[None]  # [B, G]
+    masked = torch.rand(b, gen_length, generator=gen) < t[:, None]
+    masked[masked.sum(1) == 0, 0] = True
+    noisy = ids.clone()
+    rows = torch.arange(b)[:, None].expand_as(canvas_pos)
+    noisy[rows[masked], canvas_pos[masked]] = mask_id
+    logits = model(noisy, lengths)
+    target = ids[rows[masked], canvas_pos[masked]]
+    picked = logits[rows[masked], canvas_pos[masked]].float()
+    ce = F.cross_entropy(picked, target, reduction="none")
+    weights = (1.0 / t)[rows[masked]]
+    return (ce * weights).sum() / (b * gen_length)
+
+
+@torch.no_grad()
+def evaluate(model, task: Task, encoder: Encoder, n: int, seed: int) -> float:
+    """Exact decoding (steps = canvas length, one block, low confidence) on the test split."""
+    rng = random.Random(seed)
+    ids = encoder.ids
+    special = SpecialIds(mask=ids["mask"], eos=ids["eos"], eot=ids["eot"])
+    options = LLaDAOptions(
+        gen_length=task.gen_length, steps=task.gen_length, block_length=task.gen_length,
+        remasking="low_confidence", temperature=0.0, cfg_scale=0.0,
+        logits_eos_inf=False, confidence_eos_eot_inf=False,
+    )
+    instances = [task.sample(rng, TEST) for _ in range(n)]
+    prompts = [encoder.prompt(i.prompt) for i in instances]
+    rules = [make_rule(LLADA, options, special, seed=0, prompt_len=len(p)) for p in prompts]
+    for _ in range(options.steps):
+        batch, lengths, starts = pack(prompts, [r.canvas.tolist() for r in rules], ids["eos"])
+        logits = model(batch, lengths).float()
+        for row, rule in enumerate(rules):
+            positions = rule.rows_needing_logits()
+            tokens, conf = rule.reduce(logits[row, starts[row] + positions].clone(), positions)
+            rule.commit(positions, tokens, conf)
+    correct = 0
+    for inst, rule in zip(instances, rules):
+        out = rule.canvas.tolist()
+        cut = [i for i, tok in enumerate(out) if tok in (ids["eot"], ids["eos"])]
+        correct += score(inst, encoder.decode(out[: cut[0]] if cut else out))
+    return correct / n
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, type=pathlib.Path)
+    ap.add_argument("--steps", type=int, default=3000, help="schedule length (lr decays over it)")
+    ap.add_argument("--minutes", type=float, default=None, help="stop early after this wall time")
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--intermediate", type=int, default=768)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tasks", default="retrieval,addition,copy,reverse")
+    ap.add_argument("--eval-every", type=int, default=200)
+    ap.add_argument("--eval-n", type=int, default=32)
+    ap.add_argument("--save-every", type=int, default=100)
+    ap.add_argument("--max-len", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--resume", action="store_true")
+    args = ap.parse_args(argv)
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    tok_dir = args.out / "tokenizer"
+    tok_dir.mkdir(exist_ok=True)
+    ids = build_tokenizer(tok_dir, args.max_len)
+    encoder = Encoder(tok_dir, ids)
+    tasks = [TASKS[name] for name in args.tasks.split(",")]
+    shape = dict(hidden=args.hidden, layers=args.layers, heads=args.heads, intermediate=args.intermediate)
+
+    torch.manual_seed(args.seed)
+    model = TrainableLLaDA(ids["vocab_size"], **shape)
+    optim = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    data_rng = random.Random(args.seed)
+    noise = torch.Generator().manual_seed(args.seed)
+    step = 0
+    state_path = args.out / "state.pt"
+    if args.resume and state_path.exists():
+        state = torch.load(state_path, weights_only=False)
+        model.load_state_dict(state["model"])
+        optim.load_state_dict(state["optim"])
+        data_rng.setstate(state["data_rng"])
+        noise.set_state(state["noise"])
+        step = state["step"]
+        print(f"resumed at step {step}", flush=True)
+    params = sum(p.numel() for p in model.parameters())
+    log = (args.out / "train_log.jsonl").open("a")
+    print(f"{params / 1e6:.2f}M parameters; vocab {ids['vocab_size']}", flush=True)
+
+    start = time.time()
+    model.train()
+    while step < args.steps:
+        if args.minutes is not None and time.time() - start > args.minutes * 60:
+            break
+        task = tasks[step % len(tasks)]
+        _, prompts, canvases = make_batch(task, encoder, data_rng, BATCH_SIZES[task.name])
+        batch, lengths, starts = pack(prompts, canvases, ids["eos"])
+        for group in optim.param_groups:
+            group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = diffusion_loss(model, batch, lengths, starts, task.gen_length, ids["mask"], noise)
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optim.step()
+        step += 1
+        record = {"step": step, "task": task.name, "loss": round(loss.item(), 4), "elapsed_s": round(time.time() - start, 1)}
+        if step % args.eval_every == 0 or step == args.steps:
+            model.eval()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                record["accuracy"] = {t.name: evaluate(model, t, encoder, args.eval_n, seed=1) for t in tasks}
+            model.train()
+        log.write(json.dumps(record) + "\n")
+        log.flush()
+        if step % 20 == 0 or "accuracy" in record:
+            print(json.dumps(record), flush=True)
+        if step % args.save_every == 0:
+            torch.save(
+                {"model": model.state_dict(), "optim": optim.state_dict(), "data_rng": data_rng.getstate(),
+                 "noise": noise.get_state(), "step": step, "args": vars(args)},
+                state_path,
+            )
+    write_checkpoint(args.out / "model", model.state_dict(), ids, shape, max_len=args.max_len)
+    print(f"wrote {args.out / 'model'} after {step} steps", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

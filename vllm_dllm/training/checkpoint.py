@@ -1,0 +1,145 @@
+"""Writing the trained model as an unmodified LLaDA checkpoint folder.
+
+The task tokenizer is byte-level BPE whose merges make every two-letter lowercase
+pair one token, and ";xy=" one token (a retrieval key with its separators), so the
+retrieval contexts stay short; digits and capitals stay single characters, one token
+per digit for addition and per symbol for copy/reverse.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+import string
+
+import torch
+from safetensors.torch import save_file
+
+from vllm_dllm.tools.make_tiny import (
+    LLADA_CHAT_TEMPLATE,
+    _added_token_entry,
+    _bytes_to_unicode,
+    _llada_config,
+    _write_json,
+)
+
+SPECIALS = [
+    "<|startoftext|>",
+    "<|endoftext|>",
+    "<|mdm_mask|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+]
+
+_CONFIGS_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
+
+
+def _vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    byte = _bytes_to_unicode()
+    vocab = {ch: b for b, ch in byte.items()}
+    merges: list[tuple[str, str]] = []
+    letters = string.ascii_lowercase
+    pairs = [a + b for a in letters for b in letters]
+    for pair in pairs:
+        merges.append((pair[0], pair[1]))
+    for pair in pairs:
+        merges.append((byte[ord(";")], pair))
+    for pair in pairs:
+        merges.append((byte[ord(";")] + pair, byte[ord("=")]))
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    return vocab, merges
+
+
+def build_tokenizer(out: pathlib.Path, max_len: int) -> dict[str, int]:
+    """Write tokenizer.json & co.; return the special ids and the vocabulary size."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab, merges = _vocab_and_merges()
+    for content in SPECIALS:
+        vocab[content] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    tok.normalizer = None
+    # No regex split: merges may cross punctuation (";xy=" is one token).
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(c, special=True, normalized=False) for c in SPECIALS])
+    tok.save(str(out / "tokenizer.json"))
+    ids = {c: vocab[c] for c in SPECIALS}
+    _write_json(
+        out / "tokenizer_config.json",
+        {
+            "add_bos_token": False,
+            "add_eos_token": False,
+            "added_tokens_decoder": {str(ids[c]): _added_token_entry(c) for c in SPECIALS},
+            "bos_token": "<|startoftext|>",
+            "chat_template": LLADA_CHAT_TEMPLATE,
+            "clean_up_tokenization_spaces": False,
+            "eos_token": "<|endoftext|>",
+            "model_max_length": max_len,
+            "pad_token": "<|endoftext|>",
+            "tokenizer_class": "PreTrainedTokenizerFast",
+        },
+    )
+    _write_json(
+        out / "special_tokens_map.json",
+        {
+            "bos_token": _added_token_entry("<|startoftext|>"),
+            "eos_token": _added_token_entry("<|endoftext|>"),
+            "pad_token": _added_token_entry("<|endoftext|>"),
+        },
+    )
+    # Embedding rows are padded to a multiple of 64, like the real model's.
+    vocab_size = -(-len(vocab) // 64) * 64
+    return {
+        "vocab_size": vocab_size,
+        "bos": ids["<|startoftext|>"],
+        "eos": ids["<|endoftext|>"],
+        "mask": ids["<|mdm_mask|>"],
+        "eot": ids["<|eot_id|>"],
+    }
+
+
+def write_checkpoint(
+    out: pathlib.Path,
+    state_dict: dict[str, torch.Tensor],
+    ids: dict[str, int],
+    shape: dict[str, int],
+    *,
+    max_len: int,
+    dtype: torch.dtype = torch.bfloat16,
+    generation: dict | None = None,
+) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    build_tokenizer(out, max_len)
+    dtype_name = {torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]
+    config = _llada_config(
+        ids=ids,
+        hidden=shape["hidden"],
+        layers=shape["layers"],
+        heads=shape["heads"],
+        kv_heads=shape["heads"],
+        intermediate=shape["intermediate"],
+        dtype=dtype_name,
+        max_len=max_len,
+    )
+    _write_json(out / "config.json", config)
+    shutil.copyfile(_CONFIGS_DIR / "llada.py", out / "configuration_llada.py")
+    _write_json(
+        out / "generation_config.json",
+        {
+            "bos_token_id": ids["bos"],
+            # The answer ends with <|eot_id|>, then EOS padding fills the canvas.
+            "eos_token_id": [ids["eot"], ids["eos"]],
+            **(generation or {}),
+        },
+    )
+    tensors = {k: v.detach().to(dtype).contiguous() for k, v in state_dict.items()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "model.safetensors").chmod(0o644)
+
+
+def read_json(path: pathlib.Path) -> dict:
+    return json.loads(path.read_text())
