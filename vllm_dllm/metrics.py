@@ -1,0 +1,127 @@
+"""Diffusion metrics: per-step counts from the engine, Prometheus counters in the server.
+
+The engine core sends per-step scheduler stats to the front end in vLLM's own
+`SpecDecodingStats`, as vLLM does for its in-tree diffusion model: one "draft" per
+request-step is one denoising step, draft tokens are canvas positions, accepted
+tokens are committed (final) tokens.  With no speculative config vLLM's own
+Prometheus logger ignores these; ours, a `vllm.stat_logger_plugins` entry point,
+exposes them under the names `vllm bench serve` reads (vllm:diffusion_*), plus our
+own.  Our extra per-step numbers travel in `num_draft_tokens_per_pos`, which nothing
+else reads without a speculative config, in the fixed layout of `EXTRA_FIELDS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import prometheus_client
+from vllm.v1.metrics.loggers import StatLoggerBase
+from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
+EXTRA_FIELDS = ("refresh_steps", "reuse_steps", "query_tokens", "logits_rows")
+
+
+@dataclass
+class StepStats:
+    denoising_steps: int = 0
+    canvas_positions: int = 0
+    committed_tokens: int = 0
+    refresh_steps: int = 0
+    reuse_steps: int = 0
+    query_tokens: int = 0
+    logits_rows: int = 0
+
+    def to_spec_decoding_stats(self) -> SpecDecodingStats:
+        return SpecDecodingStats(
+            num_spec_tokens=0,
+            num_drafts=self.denoising_steps,
+            num_draft_tokens=self.canvas_positions,
+            num_accepted_tokens=self.committed_tokens,
+            num_accepted_tokens_per_pos=[],
+            num_draft_tokens_per_pos=[getattr(self, name) for name in EXTRA_FIELDS],
+        )
+
+    @classmethod
+    def from_spec_decoding_stats(cls, stats: SpecDecodingStats) -> "StepStats":
+        extras = dict(zip(EXTRA_FIELDS, stats.num_draft_tokens_per_pos))
+        return cls(
+            denoising_steps=stats.num_drafts,
+            canvas_positions=stats.num_draft_tokens,
+            committed_tokens=stats.num_accepted_tokens,
+            **extras,
+        )
+
+
+_COUNTERS = {
+    "denoising_steps": ("vllm:diffusion_num_denoising_steps", "Number of denoising steps (one per request per step)."),
+    "canvas_positions": ("vllm:diffusion_num_canvas_positions", "Canvas positions processed by denoising steps."),
+    "committed_tokens": ("vllm:diffusion_num_committed_tokens", "Tokens committed (final) by denoising steps."),
+    "refresh_steps": ("vllm:diffusion_num_refresh_steps", "Denoising steps that recomputed the whole sequence."),
+    "reuse_steps": ("vllm:diffusion_num_reuse_steps", "Denoising steps that reused cached K/V."),
+}
+_BUCKETS = (1, 8, 32, 128, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+class DiffusionStatLogger(StatLoggerBase):
+    """Registered as a stat-logger plugin; active only when LLaDA or Dream is served."""
+
+    def __init__(self, vllm_config, engine_index: int = 0):
+        from vllm_dllm.server_config import served_kind
+
+        self.active = vllm_config.model_config is not None and served_kind(vllm_config.model_config) is not None
+        self.labels = {
+            "model_name": vllm_config.model_config.served_model_name if self.active else "",
+            "engine": str(engine_index),
+        }
+        self.counters = None
+
+    def _register(self) -> None:
+        # Not in __init__: vLLM's own Prometheus logger, built after the plugins,
+        # unregisters every "vllm:" collector that exists when it starts.
+        labels = self.labels
+        names = list(labels)
+        self.counters = {
+            key: _metric(prometheus_client.Counter, name, doc, names).labels(**labels)
+            for key, (name, doc) in _COUNTERS.items()
+        }
+        self.query_tokens = _metric(
+            prometheus_client.Histogram,
+            "vllm:diffusion_scheduled_query_tokens_per_step",
+            "Query tokens packed into one engine step.",
+            names,
+            buckets=_BUCKETS,
+        ).labels(**labels)
+        self.logits_rows = _metric(
+            prometheus_client.Histogram,
+            "vllm:diffusion_logits_rows_per_step",
+            "LM-head rows computed in one engine step (masked positions only).",
+            names,
+            buckets=_BUCKETS,
+        ).labels(**labels)
+
+    def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+        if not self.active or scheduler_stats is None or scheduler_stats.spec_decoding_stats is None:
+            return
+        if self.counters is None:
+            self._register()
+        step = StepStats.from_spec_decoding_stats(scheduler_stats.spec_decoding_stats)
+        for key, counter in self.counters.items():
+            value = getattr(step, key)
+            if value:
+                counter.inc(value)
+        if step.denoising_steps:
+            self.query_tokens.observe(step.query_tokens)
+            self.logits_rows.observe(step.logits_rows)
+
+    def log_engine_initialized(self):
+        return None
+
+
+def _metric(cls, name: str, doc: str, labelnames: list[str], **kwargs):
+    """Create the metric, or reuse it when this process already registered it
+    (a second engine in the same process, e.g. tests)."""
+    registry = prometheus_client.REGISTRY
+    existing = registry._names_to_collectors.get(name) or registry._names_to_collectors.get(name + "_total")
+    if existing is not None:
+        return existing
+    return cls(name, doc, labelnames=labelnames, **kwargs)
