@@ -222,3 +222,18 @@ def test_admission_uses_budget_left_by_skipped_running():
     plan = plan_step([C("a", 120)], [C("w", 40, 1)], token_budget=100, max_seqs=4, free_blocks=4)
     assert plan.scheduled == []
     assert plan.admitted == ["w"]
+
+
+def test_preemption_takes_lowest_priority_first_and_only_when_it_makes_room():
+    from vllm_dllm.scheduler.plan import Holder, choose_preemptions
+
+    holders = [Holder("a", (0, 1.0), 2), Holder("b", (5, 2.0), 2), Holder("c", (5, 3.0), 1)]
+    # Enough free blocks: nobody is preempted.
+    assert choose_preemptions(2, 2, (1, 9.0), holders) == []
+    # Lowest priority (largest rank) goes first: c, then b.
+    assert choose_preemptions(2, 1, (1, 9.0), holders) == ["c"]
+    assert choose_preemptions(4, 1, (1, 9.0), holders) == ["c", "b"]
+    # Never a request of equal or higher priority ("a"); if that cannot make room, nothing.
+    assert choose_preemptions(6, 1, (1, 9.0), holders) == []
+    assert choose_preemptions(2, 0, (5, 0.5), holders) == ["c", "b"]
+    assert choose_preemptions(2, 0, (9, 0.5), holders) == []

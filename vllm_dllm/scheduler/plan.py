@@ -62,3 +62,32 @@ def plan_step(
         budget -= cand.tokens
         free_blocks -= cand.blocks
     return plan
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A running request that holds KV blocks; `rank` orders by priority (lower first)."""
+
+    req_id: str
+    rank: tuple
+    blocks: int
+
+
+def choose_preemptions(needed_blocks: int, free_blocks: int, newcomer_rank: tuple, holders: list[Holder]) -> list[str]:
+    """Running requests to preempt so a higher-priority newcomer gets its KV.
+
+    Only requests that rank strictly below the newcomer are taken, lowest first, and
+    only if taking them makes room; otherwise nothing is preempted (the newcomer
+    waits).
+    """
+    if needed_blocks <= free_blocks:
+        return []
+    victims, freed = [], free_blocks
+    for holder in sorted(holders, key=lambda h: h.rank, reverse=True):
+        if holder.rank <= newcomer_rank:
+            break
+        victims.append(holder.req_id)
+        freed += holder.blocks
+        if freed >= needed_blocks:
+            return victims
+    return []

@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from vllm.logger import init_logger
 from vllm.utils.math_utils import cdiv
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.request import Request, RequestStatus
 
 from vllm_dllm.metrics import StepStats
 from vllm_dllm.options import OptionError, resolve, sequence_copies
-from vllm_dllm.scheduler.plan import Candidate, plan_step
+from vllm_dllm.scheduler.plan import Candidate, Holder, choose_preemptions, plan_step
 from vllm_dllm.server_config import server_defaults
 
 logger = init_logger(__name__)
@@ -87,8 +88,39 @@ class DiffusionScheduler(Scheduler):
 
     # ---- one step -----------------------------------------------------------
 
-    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+    def _waiting_in_order(self) -> list[Request]:
         waiting = [r for r in self.waiting if r.request_id not in self._rejected]
+        if self.policy == SchedulingPolicy.PRIORITY:
+            waiting.sort(key=lambda r: (r.priority, r.arrival_time))
+        return waiting
+
+    def _preempt_for(self, newcomer: Request) -> None:
+        """Under priority scheduling, free KV for a higher-priority request by
+        preempting lower-priority running ones.  Their canvases stay in the worker;
+        they resume with a full-sequence step, so exact decoding is unchanged."""
+        victims = choose_preemptions(
+            self._costs[newcomer.request_id].blocks,
+            self.kv_cache_manager.block_pool.get_num_free_blocks(),
+            (newcomer.priority, newcomer.arrival_time),
+            [
+                Holder(r.request_id, (r.priority, r.arrival_time), self._costs[r.request_id].blocks)
+                for r in self.running
+            ],
+        )
+        if not victims:
+            return
+        now = time.monotonic()
+        chosen = {self.requests[req_id] for req_id in victims}
+        self.running = [r for r in self.running if r not in chosen]
+        for request in chosen:
+            logger.info("Preempting request %s for higher-priority %s", request.request_id, newcomer.request_id)
+            self._preempt_request(request, now)
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        waiting = self._waiting_in_order()
+        if waiting and self.policy == SchedulingPolicy.PRIORITY:
+            self._preempt_for(waiting[0])
+            waiting = self._waiting_in_order()
         plan = plan_step(
             [Candidate(r.request_id, self._costs[r.request_id].tokens) for r in self.running],
             [
