@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -105,11 +105,17 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
-def apply_rope(x: torch.Tensor, theta: float) -> torch.Tensor:
-    """NeoX (rotate-half) RoPE on x[B, H, L, D] with positions arange(L), in float32."""
+def apply_rope(x: torch.Tensor, theta: float, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """NeoX (rotate-half) RoPE on x[B, H, L, D], in float32.
+
+    Row i is rotated by position `positions[i]` (default arange(L))."""
     seq_len, dim = x.shape[-2], x.shape[-1]
     inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-    positions = torch.arange(seq_len, dtype=torch.float32)
+    if positions is None:
+        positions = torch.arange(seq_len, dtype=torch.float32)
+    else:
+        assert positions.shape == (seq_len,)
+        positions = positions.to(torch.float32)
     freqs = torch.outer(positions, inv_freq)  # [L, D/2]
     emb = torch.cat([freqs, freqs], dim=-1)  # [L, D]
     cos, sin = emb.cos(), emb.sin()
@@ -244,24 +250,44 @@ class OracleModel:
 
     # ---- forward -----------------------------------------------------------------
 
-    def _attention(self, h: torch.Tensor, layer: _Layer) -> torch.Tensor:
-        bsz, seq_len, _ = h.shape
+    def _attention(
+        self,
+        h: torch.Tensor,
+        layer: _Layer,
+        positions: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """h[B, Q, d]: the normed hidden rows of the query positions `positions[Q]`.
+
+        Keys/values attended over: the cache's (K, V)[B, H_kv, L, D] for every position,
+        except the query positions, which use the K/V computed here (RoPE at their true
+        positions).  Without a cache the queries must be every position 0..L-1.
+        Returns (output[B, Q, d], K_all, V_all) with K_all/V_all [B, H_kv, L, D] post-RoPE.
+        """
+        bsz, n_q, _ = h.shape
         hd = self.head_dim
-        q = F.linear(h, layer.q, layer.q_bias).view(bsz, seq_len, self.n_heads, hd).transpose(1, 2)
-        k = F.linear(h, layer.k, layer.k_bias).view(bsz, seq_len, self.n_kv_heads, hd).transpose(1, 2)
-        v = F.linear(h, layer.v, layer.v_bias).view(bsz, seq_len, self.n_kv_heads, hd).transpose(1, 2)
-        q = apply_rope(q, self.theta)
-        k = apply_rope(k, self.theta)
+        q = F.linear(h, layer.q, layer.q_bias).view(bsz, n_q, self.n_heads, hd).transpose(1, 2)
+        k = F.linear(h, layer.k, layer.k_bias).view(bsz, n_q, self.n_kv_heads, hd).transpose(1, 2)
+        v = F.linear(h, layer.v, layer.v_bias).view(bsz, n_q, self.n_kv_heads, hd).transpose(1, 2)
+        q = apply_rope(q, self.theta, positions)
+        k = apply_rope(k, self.theta, positions)
+        if kv_cache is None:
+            k_all, v_all = k, v
+        else:
+            cache_k, cache_v = kv_cache
+            k_all, v_all = cache_k.clone(), cache_v.clone()
+            k_all[:, :, positions] = k
+            v_all[:, :, positions] = v
         # GQA: query head j uses key/value head j // (n_heads / n_kv_heads).
         group = self.n_heads // self.n_kv_heads
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)
+        k_rep = k_all.repeat_interleave(group, dim=1)
+        v_rep = v_all.repeat_interleave(group, dim=1)
         # Full bidirectional attention: no causal mask, no padding mask.
-        scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(hd)
+        scores = (q.float() @ k_rep.float().transpose(-1, -2)) / math.sqrt(hd)
         weights = torch.softmax(scores, dim=-1)
-        out = (weights @ v.float()).to(h.dtype)  # [B, H, L, D]
-        out = out.transpose(1, 2).reshape(bsz, seq_len, self.n_heads * hd)
-        return F.linear(out, layer.o)
+        out = (weights @ v_rep.float()).to(h.dtype)  # [B, H, Q, D]
+        out = out.transpose(1, 2).reshape(bsz, n_q, self.n_heads * hd)
+        return F.linear(out, layer.o), k_all, v_all
 
     def _mlp(self, h: torch.Tensor, layer: _Layer) -> torch.Tensor:
         return F.linear(F.silu(F.linear(h, layer.gate)) * F.linear(h, layer.up), layer.down)
@@ -269,12 +295,51 @@ class OracleModel:
     @torch.no_grad()
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """ids[B, L] -> raw logits[B, L, V] in float32 (Dream logits are NOT shifted)."""
-        x = self.embed[ids]
-        for layer in self.layers:
-            x = x + self._attention(rms_norm(x, layer.attn_norm, self.eps), layer)
+        return self.forward_queries(ids)[0]
+
+    @torch.no_grad()
+    def forward_queries(
+        self,
+        ids: torch.Tensor,
+        query_positions=None,
+        kv_cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+        return_kv: bool = False,
+    ):
+        """Forward of the query positions of ids[B, L] only.
+
+        query_positions: increasing positions in [0, L) (None: all of them).
+        kv_cache: per layer (K, V)[B, H_kv, L, D], post-RoPE, as returned by an earlier call
+        with return_kv=True.  Every non-query position attends from the cache; query
+        positions use their freshly computed K/V.  Without a cache the queries must be
+        every position (a full forward).
+        Returns (logits[B, Q, V] float32, per-layer (K, V)[B, H_kv, L, D] or None): the
+        K/V are the ones attended over (cache with the query rows replaced).
+        """
+        bsz, seq_len = ids.shape
+        if query_positions is None:
+            positions = torch.arange(seq_len)
+        else:
+            positions = torch.as_tensor(query_positions, dtype=torch.long).reshape(-1)
+            assert bool((positions[1:] > positions[:-1]).all()), "query positions must increase"
+            assert positions.numel() == 0 or (0 <= int(positions[0]) and int(positions[-1]) < seq_len)
+        if kv_cache is None:
+            assert torch.equal(positions, torch.arange(seq_len)), "a forward without cache needs every position"
+        else:
+            assert len(kv_cache) == self.n_layers
+            for cache_k, cache_v in kv_cache:
+                assert cache_k.shape == cache_v.shape == (bsz, self.n_kv_heads, seq_len, self.head_dim)
+        kv_out = [] if return_kv else None
+        x = self.embed[ids[:, positions]]
+        for i, layer in enumerate(self.layers):
+            attn, k_all, v_all = self._attention(
+                rms_norm(x, layer.attn_norm, self.eps), layer, positions, None if kv_cache is None else kv_cache[i]
+            )
+            if kv_out is not None:
+                kv_out.append((k_all, v_all))
+            x = x + attn
             x = x + self._mlp(rms_norm(x, layer.mlp_norm, self.eps), layer)
         x = rms_norm(x, self.final_norm, self.eps)
-        return F.linear(x, self.lm_head).float()
+        return F.linear(x, self.lm_head).float(), kv_out
 
     __call__ = forward
 
@@ -293,6 +358,10 @@ class OracleResult:
     tokens: list[int]  # the whole generated canvas, prompt excluded
     ties: int  # selections decided by an exact tie (top-k cut or T=0 argmax)
     steps_run: int
+    # LLaDA only (empty for Dream): per step "refresh" or "reuse", and the number of query
+    # positions of that step's forward, the CFG twin included.
+    phases: list[str] = field(default_factory=list)
+    query_tokens: list[int] = field(default_factory=list)
 
 
 def trim_at_eos(tokens, eos_ids) -> list[int]:
@@ -336,13 +405,42 @@ def get_num_transfer_tokens(mask_index: torch.Tensor, steps: int) -> torch.Tenso
 # --------------------------------------------------------------------------------------
 
 
-def llada_cfg_logits(model, x: torch.Tensor, prompt_index: torch.Tensor, mask_id: int, cfg_scale: float) -> torch.Tensor:
-    """Classifier-free guidance: conditional and prompt-masked rows in one batch."""
+def _cfg_batch(x: torch.Tensor, prompt_index: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """The conditional rows followed by their prompt-masked twins."""
     un_x = x.clone()
     un_x[prompt_index] = mask_id
-    both = model.forward(torch.cat([x, un_x], dim=0))
-    logits, un_logits = both[: x.shape[0]], both[x.shape[0] :]
+    return torch.cat([x, un_x], dim=0)
+
+
+def _cfg_combine(both: torch.Tensor, n: int, cfg_scale: float) -> torch.Tensor:
+    logits, un_logits = both[:n], both[n:]
     return un_logits + (cfg_scale + 1) * (logits - un_logits)
+
+
+def llada_cfg_logits(model, x: torch.Tensor, prompt_index: torch.Tensor, mask_id: int, cfg_scale: float) -> torch.Tensor:
+    """Classifier-free guidance: conditional and prompt-masked rows in one batch."""
+    both = model.forward(_cfg_batch(x, prompt_index, mask_id))
+    return _cfg_combine(both, x.shape[0], cfg_scale)
+
+
+CACHE_POLICIES = ("none", "prefix", "dual")
+
+
+def is_refresh_step(k: int, has_cache: bool, refresh_interval: int, delay_step: int) -> bool:
+    """Does step k (0-based, within its block) run a Refresh (else a Reuse)?"""
+    if not has_cache or k == delay_step:
+        return True
+    return refresh_interval > 0 and k > delay_step and (k - delay_step) % refresh_interval == 0
+
+
+def reuse_query_range(cache: str, prompt_len: int, gen_length: int, block: int, block_length: int) -> tuple[int, int]:
+    """[lo, hi): the absolute query positions of a Reuse step in `block`."""
+    lo = prompt_len + block * block_length
+    if cache == "prefix":
+        return lo, prompt_len + gen_length
+    if cache == "dual":
+        return lo, lo + block_length
+    raise ValueError(cache)
 
 
 @torch.no_grad()
@@ -362,18 +460,44 @@ def llada_generate(
     logits_eos_inf: bool = False,
     confidence_eos_eot_inf: bool = False,
     seed: int = 0,
+    cache: str = "none",
+    refresh_interval: int = 0,
+    delay_step: int = 0,
 ) -> OracleResult:
+    """LLaDA `generate` (MODEL_SPEC section 3) with an optional KV-cache policy.
+
+    cache="none": every step is a full forward (the reference).  cache="prefix"/"dual"
+    (Fast-dLLM): a step is a Refresh (full forward; the per-layer post-RoPE K/V of every
+    position replace the request's cache) or a Reuse (forward of the query positions only:
+    "prefix" [block start, end of sequence), "dual" the current block; every other
+    position's K/V come from the cache, which a Reuse leaves unchanged).  Step k of a block
+    refreshes when there is no cache yet, k == delay_step, or refresh_interval > 0,
+    k > delay_step and (k - delay_step) % refresh_interval == 0.  With CFG the prompt-masked
+    twin runs the same phases with its own cache.  `model` needs `forward_queries` unless
+    cache == "none".
+    """
+    assert cache in CACHE_POLICIES, f"cache must be one of {CACHE_POLICIES}"
+    assert refresh_interval >= 0, "refresh_interval must be >= 0"
     prompt_len = len(prompt_ids)
     x = torch.tensor([list(prompt_ids) + [mask_id] * gen_length], dtype=torch.long)
     prompt_index = x != mask_id
+    seq_len = prompt_len + gen_length
+    if cache != "none":
+        # A masked prompt position would need logits that a Reuse step does not compute.
+        assert mask_id not in prompt_ids, "a KV cache needs a prompt without mask tokens"
 
     assert gen_length % block_length == 0, "gen_length must be a multiple of block_length"
     num_blocks = gen_length // block_length
     assert steps % num_blocks == 0, "steps must be a multiple of the number of blocks"
     steps_per_block = steps // num_blocks
+    assert 0 <= delay_step < steps_per_block, "delay_step must be in [0, steps_per_block)"
 
     ties = 0
     global_step = 0
+    n_rows = 2 if cfg_scale > 0.0 else 1  # the CFG twin is a second sequence
+    kv_cache = None  # per layer (K, V)[n_rows, H_kv, L, D] of the last Refresh
+    phases: list[str] = []
+    query_tokens: list[int] = []
     for block in range(num_blocks):
         block_start = prompt_len + block * block_length
         block_end = block_start + block_length
@@ -382,10 +506,29 @@ def llada_generate(
 
         for i in range(steps_per_block):
             mask_index = x == mask_id
-            if cfg_scale > 0.0:
-                logits = llada_cfg_logits(model, x, prompt_index, mask_id, cfg_scale)
+            refresh = cache == "none" or is_refresh_step(i, kv_cache is not None, refresh_interval, delay_step)
+            if cache == "none":
+                n_query = seq_len
+                if cfg_scale > 0.0:
+                    logits = llada_cfg_logits(model, x, prompt_index, mask_id, cfg_scale)
+                else:
+                    logits = model.forward(x).clone()
             else:
-                logits = model.forward(x).clone()
+                batch = _cfg_batch(x, prompt_index, mask_id) if cfg_scale > 0.0 else x
+                if refresh:
+                    lo, hi = 0, seq_len
+                    out, kv_cache = model.forward_queries(batch, None, None, return_kv=True)
+                else:
+                    lo, hi = reuse_query_range(cache, prompt_len, gen_length, block, block_length)
+                    out, _ = model.forward_queries(batch, torch.arange(lo, hi), kv_cache)
+                n_query = hi - lo
+                # Rows outside the queries are never masked in the current block: their
+                # logits cannot matter and are left at 0.
+                both = torch.zeros(batch.shape[0], seq_len, out.shape[-1], dtype=out.dtype)
+                both[:, lo:hi] = out
+                logits = _cfg_combine(both, 1, cfg_scale) if cfg_scale > 0.0 else both
+            phases.append("refresh" if refresh else "reuse")
+            query_tokens.append(n_query * n_rows)
             if logits_eos_inf:
                 logits[:, :, eos_id] = -math.inf
 
@@ -432,7 +575,9 @@ def llada_generate(
                 x[0, select] = x0[0, select]
             global_step += 1
 
-    return OracleResult(tokens=x[0, prompt_len:].tolist(), ties=ties, steps_run=global_step)
+    return OracleResult(
+        tokens=x[0, prompt_len:].tolist(), ties=ties, steps_run=global_step, phases=phases, query_tokens=query_tokens
+    )
 
 
 # --------------------------------------------------------------------------------------

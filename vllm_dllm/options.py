@@ -21,6 +21,7 @@ DREAM = "dream"
 ARCHITECTURE_KINDS = {"LLaDAModelLM": LLADA, "DreamModel": DREAM}
 
 LLADA_REMASKING = ("low_confidence", "random")
+CACHE_POLICIES = ("none", "prefix", "dual")
 DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 
 
@@ -38,6 +39,9 @@ class LLaDAOptions:
     cfg_scale: float
     logits_eos_inf: bool
     confidence_eos_eot_inf: bool
+    cache: str = "none"
+    refresh_interval: int = 0
+    delay_step: int = 0
 
     @property
     def num_blocks(self) -> int:
@@ -80,6 +84,9 @@ _REQUEST_KEYS: dict[str, dict[str, tuple[type, ...]]] = {
         "cfg_scale": (int, float),
         "logits_eos_inf": (bool,),
         "confidence_eos_eot_inf": (bool,),
+        "cache": (str,),
+        "refresh_interval": (int,),
+        "delay_step": (int,),
     },
     DREAM: {
         "steps": (int,),
@@ -102,6 +109,9 @@ PAPER_DEFAULTS: dict[str, dict[str, Any]] = {
         "cfg_scale": 0.0,
         "logits_eos_inf": False,
         "confidence_eos_eot_inf": False,
+        "cache": "none",
+        "refresh_interval": 0,
+        "delay_step": 0,
     },
     DREAM: {"eps": 1e-3, "alg": "origin", "alg_temp": None},
 }
@@ -127,6 +137,10 @@ def _range_problem(key: str, value: Any) -> str | None:
         return f"'{key}' must be a positive integer, got {value}"
     if key == "remasking" and value not in LLADA_REMASKING:
         return f"unknown remasking '{value}'; choose one of {', '.join(LLADA_REMASKING)}"
+    if key == "cache" and value not in CACHE_POLICIES:
+        return f"unknown cache policy '{value}'; choose one of {', '.join(CACHE_POLICIES)}"
+    if key in ("refresh_interval", "delay_step") and value < 0:
+        return f"'{key}' must be >= 0, got {value}"
     if key == "alg" and value not in DREAM_ALGS:
         return f"unknown alg '{value}'; choose one of {', '.join(DREAM_ALGS)}"
     if key in ("cfg_scale", "alg_temp") and value is not None and value < 0:
@@ -265,7 +279,15 @@ def resolve(
                 f"steps={steps} must be divisible by the number of blocks "
                 f"({num_blocks} = max_tokens {gen_length} / block_length {block_length})"
             )
+        if merged["delay_step"] >= steps // num_blocks:
+            raise OptionError(
+                f"delay_step={merged['delay_step']} must be smaller than the steps per block "
+                f"({steps // num_blocks})"
+            )
         return LLaDAOptions(
+            cache=merged["cache"],
+            refresh_interval=merged["refresh_interval"],
+            delay_step=merged["delay_step"],
             gen_length=gen_length,
             steps=steps,
             block_length=block_length,

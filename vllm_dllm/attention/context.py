@@ -20,13 +20,16 @@ class SequenceSlice:
 
     Rows `query_start:query_end` of the packed query tensor belong to this sequence;
     they sit at sequence positions `query_positions`.  `kv_slots[p]` is the paged-pool
-    slot of position p, for every position 0..seq_len-1.
+    slot of position p, for every position 0..seq_len-1.  With `write_kv` the fresh
+    K/V of the queries go into the pool; without, the queries attend over the pool's
+    K/V with their own fresh K/V in place of the cached ones.
     """
 
     query_start: int
     query_end: int
     query_positions: torch.Tensor
     kv_slots: torch.Tensor
+    write_kv: bool = True  # Refresh writes its K/V; Reuse reads the pool only
 
     @property
     def seq_len(self) -> int:

@@ -51,12 +51,16 @@ class DiffusionAttention(nn.Module):
                 keys, values = k[rows], v[rows]
             else:
                 block_size = cache.shape[1]
-                write = seq.kv_slots[seq.query_positions]
-                cache[write // block_size, write % block_size, 0] = k[rows]
-                cache[write // block_size, write % block_size, 1] = v[rows]
+                if seq.write_kv:
+                    write = seq.kv_slots[seq.query_positions]
+                    cache[write // block_size, write % block_size, 0] = k[rows]
+                    cache[write // block_size, write % block_size, 1] = v[rows]
                 read_blocks, read_offsets = seq.kv_slots // block_size, seq.kv_slots % block_size
                 keys = cache[read_blocks, read_offsets, 0]
                 values = cache[read_blocks, read_offsets, 1]
+                if not seq.write_kv:
+                    keys[seq.query_positions] = k[rows]
+                    values[seq.query_positions] = v[rows]
             out[rows] = self._attend(q[rows], keys, values)
         return out.view(-1, self.num_heads * self.head_dim)
 

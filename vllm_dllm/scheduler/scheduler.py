@@ -20,18 +20,33 @@ from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutp
 from vllm.v1.request import Request, RequestStatus
 
 from vllm_dllm.metrics import StepStats
-from vllm_dllm.options import OptionError, resolve, sequence_copies
+from vllm_dllm.options import DecodeOptions, OptionError, resolve, sequence_copies
+from vllm_dllm.phases import step_phase
 from vllm_dllm.scheduler.plan import Candidate, Holder, choose_preemptions, plan_step
 from vllm_dllm.server_config import server_defaults
 
 logger = init_logger(__name__)
 
 
-@dataclass(frozen=True)
-class RequestCost:
-    tokens: int
-    blocks: int
-    canvas: int  # generation length
+@dataclass
+class RequestTrack:
+    """What the scheduler keeps per request to price its next step."""
+
+    options: DecodeOptions
+    prompt_len: int
+    blocks: int  # KV blocks for the whole sequence (twice with CFG)
+    step: int = 0  # denoising steps run
+    has_cache: bool = False  # its blocks hold a Refresh's K/V
+
+    @property
+    def canvas(self) -> int:
+        return self.options.gen_length
+
+    @property
+    def tokens(self) -> int:
+        """Query tokens of its next step."""
+        phase = step_phase(self.options, self.step, self.prompt_len, self.has_cache)
+        return phase.num_queries * sequence_copies(self.options)
 
 
 class DiffusionScheduler(Scheduler):
@@ -39,7 +54,7 @@ class DiffusionScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         self.defaults = server_defaults(self.vllm_config)
         self.block_size = self.cache_config.block_size
-        self._costs: dict[str, RequestCost] = {}
+        self._costs: dict[str, RequestTrack] = {}
         self._rejected: dict[str, str] = {}
         self._step_stats: StepStats | None = None
 
@@ -83,7 +98,7 @@ class DiffusionScheduler(Scheduler):
         capacity = self.kv_cache_manager.block_pool.num_gpu_blocks - 1
         if blocks > capacity:
             return f"request needs {blocks} KV blocks, the whole pool has {capacity}"
-        self._costs[request.request_id] = RequestCost(tokens=tokens, blocks=blocks, canvas=options.gen_length)
+        self._costs[request.request_id] = RequestTrack(options, request.num_prompt_tokens, blocks)
         return None
 
     # ---- one step -----------------------------------------------------------
@@ -113,6 +128,7 @@ class DiffusionScheduler(Scheduler):
         chosen = {self.requests[req_id] for req_id in victims}
         self.running = [r for r in self.running if r not in chosen]
         for request in chosen:
+            self._costs[request.request_id].has_cache = False
             logger.info("Preempting request %s for higher-priority %s", request.request_id, newcomer.request_id)
             self._preempt_request(request, now)
 
@@ -135,8 +151,9 @@ class DiffusionScheduler(Scheduler):
         new_reqs: list[NewRequestData] = []
         for req_id in plan.admitted:
             request = self.requests[req_id]
-            cost = self._costs[req_id]
-            if self.kv_cache_manager.allocate_slots(request, cost.tokens, has_scheduled_reqs=False) is None:
+            # KV for the whole sequence (both CFG twins), whatever the step costs.
+            slots = self._costs[req_id].blocks * self.block_size
+            if self.kv_cache_manager.allocate_slots(request, slots, has_scheduled_reqs=False) is None:
                 # The pool's own accounting disagrees with the plan: wait for frees.
                 for later in plan.admitted[plan.admitted.index(req_id):]:
                     plan.num_tokens.pop(later)
@@ -199,20 +216,29 @@ class DiffusionScheduler(Scheduler):
         return outputs
 
     def _measure_step(self, scheduler_output, model_runner_output) -> StepStats | None:
+        """Advance each scheduled request's step and count what the step did."""
         scheduled = scheduler_output.num_scheduled_tokens
         if not scheduled:
             return None
-        committed = sum(len(tokens) for tokens in model_runner_output.sampled_token_ids)
-        return StepStats(
+        stats = StepStats(
             denoising_steps=len(scheduled),
-            canvas_positions=sum(self._costs[r].canvas for r in scheduled if r in self._costs),
-            committed_tokens=committed,
-            # Exact mode: every step recomputes the whole sequence.
-            refresh_steps=len(scheduled),
-            reuse_steps=0,
+            committed_tokens=sum(len(tokens) for tokens in model_runner_output.sampled_token_ids),
             query_tokens=scheduler_output.total_num_scheduled_tokens,
             logits_rows=getattr(model_runner_output, "logits_rows", 0),
         )
+        for req_id in scheduled:
+            track = self._costs.get(req_id)
+            if track is None:
+                continue
+            phase = step_phase(track.options, track.step, track.prompt_len, track.has_cache)
+            stats.canvas_positions += track.canvas
+            if phase.refresh:
+                stats.refresh_steps += 1
+            else:
+                stats.reuse_steps += 1
+            track.step += 1
+            track.has_cache = track.has_cache or phase.refresh
+        return stats
 
     def make_stats(self, spec_decoding_stats=None, *args, **kwargs):
         stats = super().make_stats(spec_decoding_stats, *args, **kwargs)

@@ -21,6 +21,7 @@ class PackedSequence:
     tokens: torch.Tensor  # the full sequence, [seq_len]
     query_positions: torch.Tensor  # which positions are queries this step
     kv_slots: torch.Tensor  # slot of every position
+    write_kv: bool = True
 
 
 @dataclass
@@ -44,6 +45,7 @@ def pack(sequences: list[PackedSequence], device: torch.device) -> PackedBatch:
                 query_end=row + n,
                 query_positions=seq.query_positions.to(device),
                 kv_slots=seq.kv_slots.to(device),
+                write_kv=seq.write_kv,
             )
         )
         starts.append(row)

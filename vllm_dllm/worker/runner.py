@@ -24,7 +24,8 @@ from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 from vllm_dllm.attention.context import attention_context
 from vllm_dllm.decoding.base import DecodingRule, SpecialIds, make_rule
 from vllm_dllm.decoding.logits import chunked_reduce
-from vllm_dllm.options import resolve
+from vllm_dllm.options import resolve, sequence_copies
+from vllm_dllm.phases import StepPhase, step_phase
 from vllm_dllm.server_config import server_defaults
 from vllm_dllm.worker.batch import PackedSequence, pack, slots_for
 from vllm_dllm.worker.kv_pool import bind_kv_pool
@@ -47,6 +48,7 @@ class RequestState:
     rule: DecodingRule
     block_ids: list[int] = field(default_factory=list)
     emitted: int = 0
+    has_cache: bool = False  # its KV blocks hold a Refresh's K/V
 
     @property
     def seq_len(self) -> int:
@@ -56,16 +58,20 @@ class RequestState:
     def uses_cfg(self) -> bool:
         return self.rule.options.uses_cfg
 
-    def sequences(self, block_size: int) -> list[PackedSequence]:
+    def phase(self) -> StepPhase:
+        return step_phase(self.rule.options, self.rule.step, len(self.prompt), self.has_cache)
+
+    def sequences(self, block_size: int, phase: StepPhase) -> list[PackedSequence]:
         """This step's sequences: the canvas, and its prompt-masked twin under CFG."""
         tokens = torch.cat([self.prompt, self.rule.canvas])
-        everything = torch.arange(self.seq_len)
-        seqs = [PackedSequence(tokens, everything, slots_for(self.block_ids, block_size, 0, self.seq_len))]
+        queries = torch.arange(phase.query_start, phase.query_end)
+        slots = slots_for(self.block_ids, block_size, 0, self.seq_len)
+        seqs = [PackedSequence(tokens, queries, slots, write_kv=phase.refresh)]
         if self.uses_cfg:
             uncond = tokens.clone()
             uncond[: len(self.prompt)] = self.rule.ids.mask
-            slots = slots_for(self.block_ids, block_size, self.seq_len, self.seq_len)
-            seqs.append(PackedSequence(uncond, everything, slots))
+            twin_slots = slots_for(self.block_ids, block_size, self.seq_len, self.seq_len)
+            seqs.append(PackedSequence(uncond, queries, twin_slots, write_kv=phase.refresh))
         return seqs
 
     def take_final_tokens(self) -> list[int]:
@@ -190,16 +196,26 @@ class DiffusionModelRunner:
         if not order:
             return EMPTY_MODEL_RUNNER_OUTPUT
         states = [self.states[req_id] for req_id in order]
-        sequences, first_seq = [], []
+        sequences, first_seq, phases = [], [], []
         for state in states:
+            phase = state.phase()
+            scheduled = scheduler_output.num_scheduled_tokens[state.req_id]
+            expected = phase.num_queries * sequence_copies(state.rule.options)
+            if scheduled != expected:
+                raise RuntimeError(
+                    f"request {state.req_id}: scheduler planned {scheduled} query tokens, "
+                    f"its {'Refresh' if phase.refresh else 'Reuse'} step has {expected}"
+                )
+            phases.append(phase)
             first_seq.append(len(sequences))
-            sequences.extend(state.sequences(self.block_size))
+            sequences.extend(state.sequences(self.block_size, phase))
         batch = pack(sequences, self.device)
         with attention_context(batch.context):
             hidden = self.model(batch.input_ids, batch.positions)
         new_tokens, logits_rows = [], 0
-        for state, seq_index in zip(states, first_seq):
-            logits_rows += self._denoise(state, hidden, batch.query_starts, seq_index)
+        for state, phase, seq_index in zip(states, phases, first_seq):
+            logits_rows += self._denoise(state, phase, hidden, batch.query_starts, seq_index)
+            state.has_cache = state.has_cache or phase.refresh
             new_tokens.append(state.take_final_tokens())
         return DiffusionRunnerOutput(
             req_ids=order,
@@ -208,11 +224,16 @@ class DiffusionModelRunner:
             logits_rows=logits_rows,
         )
 
-    def _denoise(self, state: RequestState, hidden: torch.Tensor, starts: list[int], seq_index: int) -> int:
+    def _denoise(
+        self, state: RequestState, phase: StepPhase, hidden: torch.Tensor, starts: list[int], seq_index: int
+    ) -> int:
         """One denoising step of one request; returns the LM-head rows it computed."""
         rule = state.rule
         positions = rule.rows_needing_logits()
-        sequence_rows = self.model.prediction_rows(positions + len(state.prompt)).to(self.device)
+        source = self.model.prediction_rows(positions + len(state.prompt))
+        if len(source) and (int(source.min()) < phase.query_start or int(source.max()) >= phase.query_end):
+            raise RuntimeError(f"request {state.req_id}: a position needing logits is not a query this step")
+        sequence_rows = (source - phase.query_start).to(self.device)
         cond_rows = starts[seq_index] + sequence_rows
         uncond_rows = starts[seq_index + 1] + sequence_rows if state.uses_cfg else None
         tokens, confidence = chunked_reduce(
@@ -231,6 +252,10 @@ class DiffusionModelRunner:
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
         for req_id in scheduler_output.finished_req_ids:
             self.states.pop(req_id, None)
+        for req_id in scheduler_output.preempted_req_ids or ():
+            if req_id in self.states:
+                # Its KV blocks were freed: the step after resuming must Refresh.
+                self.states[req_id].has_cache = False
         for new in scheduler_output.scheduled_new_reqs:
             state = self.states.get(new.req_id)
             if state is None:

@@ -1,0 +1,45 @@
+"""Refresh / Reuse: which positions of a request are queries at a given step.
+
+A Refresh step runs the whole sequence and writes every position's K/V into the
+request's KV blocks.  A Reuse step runs only part of the sequence; every other
+position's K/V is read from the blocks as the last Refresh left them (stale by
+design), and nothing is written.  Policies (Fast-dLLM's caches):
+  none    every step is a Refresh (exact decoding)
+  prefix  Reuse queries run from the active block's start to the end of the sequence
+  dual    Reuse queries are the active block only
+A step refreshes when the request has no cache (first step, or resumed after
+preemption), at step `delay_step` of each block, and every `refresh_interval` steps
+after it.  Scheduler and runner both call this function, so they agree on costs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vllm_dllm.options import DecodeOptions, LLaDAOptions
+
+
+@dataclass(frozen=True)
+class StepPhase:
+    refresh: bool
+    query_start: int  # first query position, in sequence coordinates
+    query_end: int  # one past the last
+
+    @property
+    def num_queries(self) -> int:
+        return self.query_end - self.query_start
+
+
+def step_phase(options: DecodeOptions, step: int, prompt_len: int, has_cache: bool) -> StepPhase:
+    seq_len = prompt_len + options.gen_length
+    full = StepPhase(True, 0, seq_len)
+    if not isinstance(options, LLaDAOptions) or options.cache == "none" or not has_cache:
+        return full
+    k = step % options.steps_per_block
+    delay, interval = options.delay_step, options.refresh_interval
+    if k == delay or (interval > 0 and k > delay and (k - delay) % interval == 0):
+        return full
+    block_start = prompt_len + (step // options.steps_per_block) * options.block_length
+    if options.cache == "prefix":
+        return StepPhase(False, block_start, seq_len)
+    return StepPhase(False, block_start, block_start + options.block_length)
