@@ -18,7 +18,7 @@ import prometheus_client
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
-EXTRA_FIELDS = ("refresh_steps", "reuse_steps", "query_tokens", "logits_rows")
+EXTRA_FIELDS = ("refresh_steps", "reuse_steps", "query_tokens", "logits_rows", "delayed_steps")
 
 
 @dataclass
@@ -30,6 +30,7 @@ class StepStats:
     reuse_steps: int = 0
     query_tokens: int = 0
     logits_rows: int = 0
+    delayed_steps: int = 0  # running requests that sat a step out for lack of budget
 
     def to_spec_decoding_stats(self) -> SpecDecodingStats:
         return SpecDecodingStats(
@@ -58,6 +59,10 @@ _COUNTERS = {
     "committed_tokens": ("vllm:diffusion_num_committed_tokens", "Tokens committed (final) by denoising steps."),
     "refresh_steps": ("vllm:diffusion_num_refresh_steps", "Denoising steps that recomputed the whole sequence."),
     "reuse_steps": ("vllm:diffusion_num_reuse_steps", "Denoising steps that reused cached K/V."),
+    "delayed_steps": (
+        "vllm:diffusion_num_delayed_steps",
+        "Steps a running request sat out because its step did not fit the token budget.",
+    ),
 }
 _BUCKETS = (1, 8, 32, 128, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 

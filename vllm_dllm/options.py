@@ -96,8 +96,7 @@ _REQUEST_KEYS: dict[str, dict[str, tuple[type, ...]]] = {
     },
 }
 
-# Keys that only make sense as server-wide settings.
-SERVER_KEYS: dict[str, tuple[type, ...]] = {"max_num_logits": (int,)}
+ADMISSION_MODES = ("greedy", "lookahead")
 
 # vLLM's own fields: naming them in extra_args would be ambiguous.
 _SAMPLING_PARAM_FIELDS = ("temperature", "top_p", "top_k", "seed", "max_tokens")
@@ -201,6 +200,7 @@ class ServerDefaults:
     kind: str
     overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
     max_num_logits: int = DEFAULT_MAX_NUM_LOGITS
+    admission: str = "greedy"  # or "lookahead": admit only if future Refresh peaks fit
 
     @classmethod
     def build(
@@ -215,16 +215,23 @@ class ServerDefaults:
             # Classifier-free guidance projects a conditional and an unconditional
             # row per position in one chunk.
             raise OptionError("--additional-config dllm 'max_num_logits' must be at least 2")
+        admission = server.pop("admission", "greedy")
+        if admission not in ADMISSION_MODES:
+            raise OptionError(
+                f"--additional-config dllm 'admission' must be one of {', '.join(ADMISSION_MODES)}, "
+                f"got {admission!r}"
+            )
         merged = dict(PAPER_DEFAULTS[kind])
         merged.update(defaults_from_generation_config(kind, generation_config))
         merged.update(check_overrides(kind, server, "--additional-config dllm"))
-        return cls(kind=kind, overrides=merged, max_num_logits=max_num_logits)
+        return cls(kind=kind, overrides=merged, max_num_logits=max_num_logits, admission=admission)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
             "overrides": dict(self.overrides),
             "max_num_logits": self.max_num_logits,
+            "admission": self.admission,
         }
 
     @classmethod
@@ -233,6 +240,7 @@ class ServerDefaults:
             kind=data["kind"],
             overrides=dict(data["overrides"]),
             max_num_logits=int(data["max_num_logits"]),
+            admission=data.get("admission", "greedy"),
         )
 
 

@@ -16,6 +16,9 @@ class Candidate:
     req_id: str
     tokens: int  # query tokens of its next step
     blocks: int = 0  # KV blocks it must be given to start (0 once running)
+    # Query tokens of this and every later step, if it ran every step to the end
+    # (only lookahead admission reads it).
+    profile: tuple[int, ...] = ()
 
 
 @dataclass
@@ -29,6 +32,17 @@ class StepPlan:
         return sum(self.num_tokens.values())
 
 
+def _fits_ahead(load: list[int], profile: tuple[int, ...], budget: int) -> bool:
+    return all((load[t] if t < len(load) else 0) + cost <= budget for t, cost in enumerate(profile))
+
+
+def _add_load(load: list[int], profile: tuple[int, ...]) -> None:
+    if len(profile) > len(load):
+        load.extend([0] * (len(profile) - len(load)))
+    for t, cost in enumerate(profile):
+        load[t] += cost
+
+
 def plan_step(
     running: list[Candidate],
     waiting: list[Candidate],
@@ -36,12 +50,19 @@ def plan_step(
     token_budget: int,
     max_seqs: int,
     free_blocks: int,
+    lookahead: bool = False,
 ) -> StepPlan:
     """Plan one step, first come first served.
 
-    Running requests go first, in arrival order, while they fit.  Waiting requests
-    are admitted in arrival order into what is left; admission stops at the first one
-    that does not fit, so a large request is never starved by smaller ones behind it.
+    Running requests go first, in arrival order, while they fit; one that does not
+    fit sits this step out (its Refresh peak met others' peaks).  Waiting requests are
+    admitted in arrival order into what is left; admission stops at the first one that
+    does not fit, so a large request is never starved by smaller ones behind it.
+
+    Greedy admission (the default) only asks whether the newcomer's next step fits.
+    Lookahead admission also requires that, for every future step, the planned costs
+    of all running and admitted requests together stay within the budget, so future
+    Refresh peaks never push a step over the cap.
     """
     plan = StepPlan()
     budget = token_budget
@@ -52,11 +73,19 @@ def plan_step(
         plan.num_tokens[cand.req_id] = cand.tokens
         budget -= cand.tokens
     num_running = len(running)
+    load: list[int] = []
+    if lookahead:
+        for cand in running:
+            _add_load(load, cand.profile)
     for cand in waiting:
         if num_running + len(plan.admitted) >= max_seqs:
             break
         if cand.tokens > budget or cand.blocks > free_blocks:
             break
+        if lookahead:
+            if not _fits_ahead(load, cand.profile, token_budget):
+                break
+            _add_load(load, cand.profile)
         plan.admitted.append(cand.req_id)
         plan.num_tokens[cand.req_id] = cand.tokens
         budget -= cand.tokens

@@ -48,15 +48,27 @@ class RequestTrack:
         phase = step_phase(self.options, self.step, self.prompt_len, self.has_cache)
         return phase.num_queries * sequence_copies(self.options)
 
+    def profile(self) -> tuple[int, ...]:
+        """Query tokens of every remaining step, were it to run each step to the end."""
+        copies = sequence_copies(self.options)
+        costs, has_cache = [], self.has_cache
+        for step in range(self.step, self.options.steps):
+            phase = step_phase(self.options, step, self.prompt_len, has_cache)
+            costs.append(phase.num_queries * copies)
+            has_cache = has_cache or phase.refresh
+        return tuple(costs)
+
 
 class DiffusionScheduler(Scheduler):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.defaults = server_defaults(self.vllm_config)
+        self.lookahead = self.defaults.admission == "lookahead"
         self.block_size = self.cache_config.block_size
         self._costs: dict[str, RequestTrack] = {}
         self._rejected: dict[str, str] = {}
         self._step_stats: StepStats | None = None
+        self._delayed = 0  # running requests that sat the last planned step out
 
     # ---- admission ----------------------------------------------------------
 
@@ -103,6 +115,15 @@ class DiffusionScheduler(Scheduler):
 
     # ---- one step -----------------------------------------------------------
 
+    def _candidate(self, request: Request, running: bool) -> Candidate:
+        track = self._costs[request.request_id]
+        return Candidate(
+            request.request_id,
+            track.tokens,
+            0 if running else track.blocks,
+            track.profile() if self.lookahead else (),
+        )
+
     def _waiting_in_order(self) -> list[Request]:
         waiting = [r for r in self.waiting if r.request_id not in self._rejected]
         if self.policy == SchedulingPolicy.PRIORITY:
@@ -138,15 +159,14 @@ class DiffusionScheduler(Scheduler):
             self._preempt_for(waiting[0])
             waiting = self._waiting_in_order()
         plan = plan_step(
-            [Candidate(r.request_id, self._costs[r.request_id].tokens) for r in self.running],
-            [
-                Candidate(r.request_id, self._costs[r.request_id].tokens, self._costs[r.request_id].blocks)
-                for r in waiting
-            ],
+            [self._candidate(r, running=True) for r in self.running],
+            [self._candidate(r, running=False) for r in waiting],
             token_budget=self.max_num_scheduled_tokens,
             max_seqs=self.max_num_running_reqs,
             free_blocks=self.kv_cache_manager.block_pool.get_num_free_blocks(),
+            lookahead=self.lookahead,
         )
+        self._delayed = len(self.running) - len(plan.scheduled)
         now = time.monotonic()
         new_reqs: list[NewRequestData] = []
         for req_id in plan.admitted:
@@ -225,6 +245,7 @@ class DiffusionScheduler(Scheduler):
             committed_tokens=sum(len(tokens) for tokens in model_runner_output.sampled_token_ids),
             query_tokens=scheduler_output.total_num_scheduled_tokens,
             logits_rows=getattr(model_runner_output, "logits_rows", 0),
+            delayed_steps=self._delayed,
         )
         for req_id in scheduled:
             track = self._costs.get(req_id)
