@@ -428,7 +428,8 @@ CACHE_POLICIES = ("none", "prefix", "dual")
 
 def is_refresh_step(k: int, has_cache: bool, refresh_interval: int, delay_step: int) -> bool:
     """Does step k (0-based, within its block) run a Refresh (else a Reuse)?"""
-    if not has_cache or k == delay_step:
+    # Sparse-dLLM's delayed update: steps 0..delay_step of a block run in full.
+    if not has_cache or k <= delay_step:
         return True
     return refresh_interval > 0 and k > delay_step and (k - delay_step) % refresh_interval == 0
 

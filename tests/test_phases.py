@@ -40,10 +40,9 @@ def test_prefix_reuses_from_the_block_start_to_the_end():
 
 def test_refresh_interval_and_delay():
     got = phases(llada("dual", refresh_interval=2, delay_step=1))
-    # First step refreshes (no cache); step 1 of each block refreshes (delay), then
-    # every 2 steps after it (step 3); step 0 of block 2 reuses the old cache.
-    assert [p[0] for p in got] == ["R", "R", "U", "R", "U", "R", "U", "R"]
-    assert got[4] == ("U", 13, 21)
+    # Steps 0..1 of each block run in full (delay), then every 2 steps after (step 3).
+    assert [p[0] for p in got] == ["R", "R", "U", "R", "R", "R", "U", "R"]
+    assert got[6] == ("U", 13, 21)
 
 
 def test_resume_after_preemption_refreshes():

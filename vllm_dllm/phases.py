@@ -8,8 +8,10 @@ design), and nothing is written.  Policies (Fast-dLLM's caches):
   prefix  Reuse queries run from the active block's start to the end of the sequence
   dual    Reuse queries are the active block only
 A step refreshes when the request has no cache (first step, or resumed after
-preemption), at step `delay_step` of each block, and every `refresh_interval` steps
-after it.  Scheduler and runner both call this function, so they agree on costs.
+preemption), at steps 0..`delay_step` of each block (Sparse-dLLM's delayed update: the
+first steps of a block run in full and the cache kept is the one filled at step
+`delay_step`, once the block's first tokens are decoded), and every
+`refresh_interval` steps after that.  Scheduler and runner both call this function, so they agree on costs.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def step_phase(options: DecodeOptions, step: int, prompt_len: int, has_cache: bo
         return full
     k = step % options.steps_per_block
     delay, interval = options.delay_step, options.refresh_interval
-    if k == delay or (interval > 0 and k > delay and (k - delay) % interval == 0):
+    if k <= delay or (interval > 0 and (k - delay) % interval == 0):
         return full
     block_start = prompt_len + (step // options.steps_per_block) * options.block_length
     if options.cache == "prefix":
