@@ -249,7 +249,7 @@ def _profile(rng, budget):
     return tuple(min(c, budget) for c in profile)
 
 
-def _simulate(rng, lookahead, budget=256, max_seqs=6):
+def _simulate(rng, admission, budget=256, max_seqs=6):
     arrivals = sorted((rng.randint(0, 30), i, _profile(rng, budget)) for i in range(rng.randint(3, 14)))
     progress, running, waiting, delays, done = {}, [], [], 0, set()
     profiles = {f"r{i}": prof for _, i, prof in arrivals}
@@ -257,7 +257,9 @@ def _simulate(rng, lookahead, budget=256, max_seqs=6):
         waiting += [f"r{i}" for at, i, _ in arrivals if at == t]
         run_c = [Candidate(r, profiles[r][progress[r]], 0, profiles[r][progress[r]:]) for r in running]
         wait_c = [Candidate(r, profiles[r][0], 1, profiles[r]) for r in waiting]
-        plan = plan_step(run_c, wait_c, token_budget=budget, max_seqs=max_seqs, free_blocks=100, lookahead=lookahead)
+        plan = plan_step(run_c, wait_c, token_budget=budget, max_seqs=max_seqs, free_blocks=100, admission=admission)
+        if admission == "static" and running:
+            assert not plan.admitted
         assert plan.total_tokens <= budget
         delays += len(running) - len(plan.scheduled)
         for r in plan.admitted:
@@ -279,7 +281,9 @@ def test_lookahead_admission_never_delays_a_running_request():
     greedy_delays = 0
     for _ in range(300):
         seed = rng.randrange(1 << 30)
-        assert _simulate(random.Random(seed), lookahead=True) == 0
-        greedy_delays += _simulate(random.Random(seed), lookahead=False)
+        assert _simulate(random.Random(seed), "lookahead") == 0
+        assert _simulate(random.Random(seed), "reserve") == 0
+        assert _simulate(random.Random(seed), "static") == 0
+        greedy_delays += _simulate(random.Random(seed), "greedy")
     # The problem lookahead solves is real: greedy admission does delay requests.
     assert greedy_delays > 0

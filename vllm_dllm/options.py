@@ -96,7 +96,7 @@ _REQUEST_KEYS: dict[str, dict[str, tuple[type, ...]]] = {
     },
 }
 
-ADMISSION_MODES = ("greedy", "lookahead")
+ADMISSION_MODES = ("greedy", "lookahead", "reserve", "static")
 
 # vLLM's own fields: naming them in extra_args would be ambiguous.
 _SAMPLING_PARAM_FIELDS = ("temperature", "top_p", "top_k", "seed", "max_tokens")
@@ -200,7 +200,7 @@ class ServerDefaults:
     kind: str
     overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
     max_num_logits: int = DEFAULT_MAX_NUM_LOGITS
-    admission: str = "greedy"  # or "lookahead": admit only if future Refresh peaks fit
+    admission: str = "greedy"  # see scheduler/plan.py: greedy, lookahead, reserve, static
 
     @classmethod
     def build(

@@ -17,7 +17,7 @@ class Candidate:
     tokens: int  # query tokens of its next step
     blocks: int = 0  # KV blocks it must be given to start (0 once running)
     # Query tokens of this and every later step, if it ran every step to the end
-    # (only lookahead admission reads it).
+    # (lookahead and reserve admission read it).
     profile: tuple[int, ...] = ()
 
 
@@ -50,7 +50,7 @@ def plan_step(
     token_budget: int,
     max_seqs: int,
     free_blocks: int,
-    lookahead: bool = False,
+    admission: str = "greedy",
 ) -> StepPlan:
     """Plan one step, first come first served.
 
@@ -59,10 +59,15 @@ def plan_step(
     admitted in arrival order into what is left; admission stops at the first one that
     does not fit, so a large request is never starved by smaller ones behind it.
 
-    Greedy admission (the default) only asks whether the newcomer's next step fits.
-    Lookahead admission also requires that, for every future step, the planned costs
-    of all running and admitted requests together stay within the budget, so future
-    Refresh peaks never push a step over the cap.
+    Admission modes:
+      greedy     the newcomer's next step fits what this step leaves (the default;
+                 Reuse steps of running requests release headroom for newcomers)
+      lookahead  also, for every future step, the planned costs of all running and
+                 admitted requests together stay within the budget, so future Refresh
+                 peaks never push a step over the cap
+      reserve    every request is charged its peak (Refresh) cost for as long as it
+                 runs: request-level scheduling, the baseline phase multiplexing beats
+      static     a new batch is admitted only when no request is running
     """
     plan = StepPlan()
     budget = token_budget
@@ -73,19 +78,27 @@ def plan_step(
         plan.num_tokens[cand.req_id] = cand.tokens
         budget -= cand.tokens
     num_running = len(running)
+    if admission == "static" and running:
+        return plan
     load: list[int] = []
-    if lookahead:
+    if admission == "lookahead":
         for cand in running:
             _add_load(load, cand.profile)
+    reserved = sum(max(c.profile, default=c.tokens) for c in running)
     for cand in waiting:
         if num_running + len(plan.admitted) >= max_seqs:
             break
         if cand.tokens > budget or cand.blocks > free_blocks:
             break
-        if lookahead:
+        if admission == "lookahead":
             if not _fits_ahead(load, cand.profile, token_budget):
                 break
             _add_load(load, cand.profile)
+        elif admission == "reserve":
+            peak = max(cand.profile, default=cand.tokens)
+            if reserved + peak > token_budget:
+                break
+            reserved += peak
         plan.admitted.append(cand.req_id)
         plan.num_tokens[cand.req_id] = cand.tokens
         budget -= cand.tokens

@@ -63,7 +63,9 @@ class DiffusionScheduler(Scheduler):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.defaults = server_defaults(self.vllm_config)
-        self.lookahead = self.defaults.admission == "lookahead"
+        self.admission = self.defaults.admission
+        # Lookahead and reserve price requests by their future steps.
+        self.needs_profiles = self.admission in ("lookahead", "reserve")
         self.block_size = self.cache_config.block_size
         self._costs: dict[str, RequestTrack] = {}
         self._rejected: dict[str, str] = {}
@@ -121,7 +123,7 @@ class DiffusionScheduler(Scheduler):
             request.request_id,
             track.tokens,
             0 if running else track.blocks,
-            track.profile() if self.lookahead else (),
+            track.profile() if self.needs_profiles else (),
         )
 
     def _waiting_in_order(self) -> list[Request]:
@@ -164,7 +166,7 @@ class DiffusionScheduler(Scheduler):
             token_budget=self.max_num_scheduled_tokens,
             max_seqs=self.max_num_running_reqs,
             free_blocks=self.kv_cache_manager.block_pool.get_num_free_blocks(),
-            lookahead=self.lookahead,
+            admission=self.admission,
         )
         self._delayed = len(self.running) - len(plan.scheduled)
         now = time.monotonic()
