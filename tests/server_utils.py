@@ -167,6 +167,7 @@ class ServerProcess:
         if _group_alive(pgid):
             self.kill()
             self.fail(f"processes of vllm serve's group {pgid} outlived it by {timeout:.0f} s")
+        self.log_path.unlink(missing_ok=True)  # a clean stop leaves nothing behind
         return self.exit_seconds
 
     def kill(self) -> None:

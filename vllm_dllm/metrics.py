@@ -119,7 +119,9 @@ class DiffusionStatLogger(StatLoggerBase):
             self.logits_rows.observe(step.logits_rows)
 
     def log_engine_initialized(self):
-        return None
+        # Called once every logger exists: the series show from the first scrape.
+        if self.active and self.counters is None:
+            self._register()
 
 
 def _metric(cls, name: str, doc: str, labelnames: list[str], **kwargs):

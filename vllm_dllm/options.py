@@ -121,6 +121,10 @@ DEFAULT_MAX_NUM_LOGITS = 1024
 def _check_type(key: str, value: Any, types: tuple[type, ...], where: str) -> None:
     if isinstance(value, bool) and bool not in types:
         ok = False
+    elif types == (bool,) and not isinstance(value, bool):
+        # vLLM's OpenAI protocol types vllm_xargs values as str | int | float, so a
+        # JSON true/false arrives as 1/0.
+        ok = type(value) is int and value in (0, 1)
     else:
         ok = isinstance(value, types)
     if not ok:
