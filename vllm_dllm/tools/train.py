@@ -3,8 +3,8 @@
     python -m vllm_dllm.tools.train --out runs/task-model --minutes 40
 
 Masked-diffusion SFT as LLaDA does it: the prompt stays clean, each canvas position
-(answer, <|eot_id|>, EOS padding) is masked with probability t ~ U(0, 1), and the loss
-is the cross-entropy on masked positions weighted by 1/t.  Fixed seeds; every
+(answer, <|eot_id|>, EOS padding) is masked with probability t ~ U(0, 1) (stratified
+over the batch), and the loss is the cross-entropy on masked positions weighted by 1/t.  Fixed seeds; every
 `--save-every` steps the full state (model, optimizer, RNGs) is saved so a stopped
 run resumes with `--resume`.  Loss and held-out accuracy go to OUT/train_log.jsonl;
 the final model is written to OUT/model as an unmodified LLaDA checkpoint.
@@ -76,7 +76,10 @@ def pack(prompts: list[list[int]], canvases: list[list[int]], pad: int):
 
 def diffusion_loss(model, ids, lengths, starts, gen_length: int, mask_id: int, gen: torch.Generator):
     b = ids.shape[0]
-    t = torch.rand(b, generator=gen).clamp(min=1e-3)
+    # Stratified t ~ U(0, 1): one draw per 1/b-wide stratum keeps the 1/t-weighted
+    # loss unbiased while sparing most batches an extreme weight.
+    t = ((torch.arange(b) + torch.rand(b, generator=gen)) / b).clamp(min=1e-3)
+    t = t[torch.randperm(b, generator=gen)]
     offsets = torch.arange(gen_length)
     canvas_pos = starts[:, None] + offsets[None]  # [B, G]
     masked = torch.rand(b, gen_length, generator=gen) < t[:, None]
