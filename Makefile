@@ -11,7 +11,7 @@ DEFAULT_MODEL := .cache/default-model
 # pin (2.13.0+cpu) must be installed first so pip does not pull the CUDA wheels.
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: setup test serve clean
+.PHONY: setup test serve bench clean
 
 setup: $(STAMP)
 
@@ -40,6 +40,11 @@ $(DEFAULT_MODEL)/config.json: | setup
 serve: setup $(DEFAULT_MODEL)/config.json
 	$(BIN)/vllm serve $(DEFAULT_MODEL) --host $(HOST) --port $(PORT) \
 		--max-model-len 512 --kv-cache-memory-bytes 268435456 --gpu-memory-utilization 0.3
+
+# The scheduling benchmark (minutes to an hour on a 2-core CPU); see benchmarks/.
+bench: setup
+	$(BIN)/pip install -q -e ".[bench]"
+	$(BIN)/python benchmarks/serve_sweep.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache

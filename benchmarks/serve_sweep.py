@@ -1,0 +1,243 @@
+"""Serving benchmark: four scheduling configurations, driven by `vllm bench serve`.
+
+    python benchmarks/serve_sweep.py --out benchmarks/results/latest \
+        --workloads burst,osc,livebench --rates 1,2,4 --num-prompts 32
+
+For each configuration the harness starts `vllm serve` on a loopback port, runs
+`vllm bench serve` (a client we did not write) for every workload and request rate,
+scrapes the plugin's /metrics around each run, and writes results.json, table.md
+and PNG plots (throughput and latency against request rate).  Ratios are against
+configuration (b), measured in the same invocation.
+
+Configurations (server-wide `--additional-config '{"dllm": ...}'`):
+  a  exact decoding (no KV reuse), static batches: a new batch starts when the last ends
+  b  dual cache, request-level scheduling: every request is provisioned for its
+     Refresh cost for as long as it runs
+  c  dual cache, phase-multiplexed greedy admission (Reuse steps free headroom)
+  d  (c) with lookahead admission: future Refresh peaks never exceed the budget
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+BIN = pathlib.Path(sys.executable).parent
+
+CONFIGS = {
+    "a": {"cache": "none", "admission": "static"},
+    "b": {"cache": "dual", "admission": "reserve"},
+    "c": {"cache": "dual", "admission": "greedy"},
+    "d": {"cache": "dual", "admission": "lookahead"},
+}
+LABELS = {
+    "a": "(a) exact, static batching",
+    "b": "(b) dual cache, request-level",
+    "c": "(c) dual cache, phase-multiplexed",
+    "d": "(d) (c) + lookahead admission",
+}
+# Shapes after the dLLM-Serve paper's workloads, scaled to a 2-core CPU.
+WORKLOADS = {
+    # bursty gamma arrivals, mixed lengths
+    "burst": ["--random-input-len", "96", "--random-output-len", "64", "--random-range-ratio", "0.5", "--burstiness", "0.5"],
+    # long prompt, short output
+    "osc": ["--random-input-len", "320", "--random-output-len", "32", "--random-range-ratio", "0"],
+    # short prompt, long output
+    "livebench": ["--random-input-len", "32", "--random-output-len", "192", "--random-range-ratio", "0"],
+}
+METRICS = [
+    "vllm:diffusion_num_denoising_steps_total",
+    "vllm:diffusion_num_committed_tokens_total",
+    "vllm:diffusion_num_refresh_steps_total",
+    "vllm:diffusion_num_reuse_steps_total",
+    "vllm:diffusion_num_delayed_steps_total",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def scrape(base: str) -> dict[str, float]:
+    text = urllib.request.urlopen(f"{base}/metrics", timeout=30).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in METRICS:
+            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+class Server:
+    def __init__(self, model: str, config: dict, args, log: pathlib.Path):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        dllm = {**config, "block_length": args.block_length}
+        cmd = [
+            str(BIN / "vllm"), "serve", model, "--host", "127.0.0.1", "--port", str(self.port),
+            "--max-model-len", str(args.max_model_len), "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+            "--max-num-seqs", str(args.max_num_seqs), "--kv-cache-memory-bytes", str(args.kv_cache_bytes),
+            "--gpu-memory-utilization", "0.3", "--enforce-eager", "--shutdown-timeout", "10",
+            "--additional-config", json.dumps({"dllm": dllm}),
+        ]
+        self.log = log.open("w")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited; see {log}")
+            try:
+                urllib.request.urlopen(f"{self.base}/health", timeout=2)
+                return
+            except OSError:
+                time.sleep(2)
+        self.stop()
+        raise RuntimeError(f"server did not become healthy; see {log}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.log.close()
+
+
+def bench(server: Server, model: str, workload: str, rate: float, args, result_dir: pathlib.Path) -> dict:
+    name = f"{workload}-rate{rate}"
+    cmd = [
+        str(BIN / "vllm"), "bench", "serve", "--backend", "vllm", "--base-url", server.base, "--model", model,
+        "--dataset-name", "random", *WORKLOADS[workload], "--request-rate", str(rate),
+        "--num-prompts", str(args.num_prompts), "--seed", "0", "--ignore-eos",
+        "--percentile-metrics", "ttft,e2el", "--metric-percentiles", "50,99",
+        "--save-result", "--result-dir", str(result_dir), "--result-filename", f"{name}.json",
+    ]
+    result_dir.mkdir(parents=True, exist_ok=True)
+    before = scrape(server.base)
+    started = time.time()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=args.run_timeout)
+    wall = time.time() - started
+    after = scrape(server.base)
+    raw = json.loads((result_dir / f"{name}.json").read_text())
+    deltas = {k.removeprefix("vllm:diffusion_num_").removesuffix("_total"): after.get(k, 0) - before.get(k, 0) for k in METRICS}
+    return {
+        "workload": workload,
+        "rate": rate,
+        "completed": raw.get("completed"),
+        "committed_tok_s": raw.get("output_throughput"),
+        "mean_e2el_ms": raw.get("mean_e2el_ms"),
+        "p99_e2el_ms": raw.get("p99_e2el_ms"),
+        "mean_ttft_ms": raw.get("mean_ttft_ms"),
+        "wall_s": round(wall, 1),
+        **deltas,
+    }
+
+
+def write_report(results: dict, out: pathlib.Path, baseline: str = "b") -> None:
+    rows = ["| workload | rate | config | committed tok/s | x (b) | mean latency s | x (b) | p99 latency s | x (b) | delayed steps |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for workload in sorted({r["workload"] for rs in results.values() for r in rs}):
+        rates = sorted({r["rate"] for rs in results.values() for r in rs if r["workload"] == workload})
+        for rate in rates:
+            base = next((r for r in results.get(baseline, []) if r["workload"] == workload and r["rate"] == rate), None)
+            for config, rs in results.items():
+                r = next((x for x in rs if x["workload"] == workload and x["rate"] == rate), None)
+                if r is None:
+                    continue
+
+                def ratio(key, invert=False):
+                    if base is None or not base.get(key) or not r.get(key):
+                        return "n/a"
+                    value = base[key] / r[key] if invert else r[key] / base[key]
+                    return f"{value:.2f}"
+
+                rows.append(
+                    f"| {workload} | {rate} | {config} | {r['committed_tok_s']:.1f} | {ratio('committed_tok_s')} | "
+                    f"{r['mean_e2el_ms'] / 1000:.2f} | {ratio('mean_e2el_ms', True)} | {r['p99_e2el_ms'] / 1000:.2f} | "
+                    f"{ratio('p99_e2el_ms', True)} | {int(r.get('delayed_steps', 0))} |"
+                )
+    notes = "Latency ratios are (b) / config: above 1 means lower latency than (b).\n"
+    (out / "table.md").write_text("\n".join(rows) + "\n\n" + notes)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plots (pip install 'vllm-dllm[bench]')")
+        return
+    for workload in sorted({r["workload"] for rs in results.values() for r in rs}):
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+        for config, rs in results.items():
+            pts = sorted((r["rate"], r) for r in rs if r["workload"] == workload)
+            if not pts:
+                continue
+            rates = [p[0] for p in pts]
+            axes[0].plot(rates, [p[1]["committed_tok_s"] for p in pts], marker="o", label=LABELS[config])
+            axes[1].plot(rates, [p[1]["mean_e2el_ms"] / 1000 for p in pts], marker="o", label=f"{config} mean")
+            axes[1].plot(rates, [p[1]["p99_e2el_ms"] / 1000 for p in pts], marker="x", linestyle="--", label=f"{config} p99")
+        axes[0].set(title=f"{workload}: committed throughput", xlabel="request rate (req/s)", ylabel="tokens/s")
+        axes[1].set(title=f"{workload}: latency", xlabel="request rate (req/s)", ylabel="seconds")
+        axes[0].legend(fontsize=7)
+        axes[1].legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        fig.savefig(out / f"{workload}.png", dpi=110)
+        plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="checkpoint (default: a generated LLaDA-format model)")
+    ap.add_argument("--out", type=pathlib.Path, default=ROOT / "benchmarks" / "results" / "latest")
+    ap.add_argument("--configs", default="a,b,c,d")
+    ap.add_argument("--workloads", default="burst,osc,livebench")
+    ap.add_argument("--rates", default="1,2,4")
+    ap.add_argument("--num-prompts", type=int, default=32)
+    ap.add_argument("--block-length", type=int, default=16)
+    ap.add_argument("--max-model-len", type=int, default=512)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    ap.add_argument("--max-num-seqs", type=int, default=16)
+    ap.add_argument("--kv-cache-bytes", type=int, default=512 << 20)
+    ap.add_argument("--run-timeout", type=int, default=1800)
+    ap.add_argument("--hidden", type=int, default=256, help="size of the generated model")
+    ap.add_argument("--layers", type=int, default=4)
+    args = ap.parse_args(argv)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    model = args.model
+    if model is None:
+        from vllm_dllm.tools.make_tiny import make_tiny
+
+        model = str(make_tiny("llada", args.out / "model", seed=0, hidden=args.hidden, layers=args.layers,
+                              heads=args.hidden // 64, intermediate=args.hidden * 3, max_len=args.max_model_len))
+    results: dict[str, list[dict]] = {}
+    for config in args.configs.split(","):
+        server = Server(model, CONFIGS[config], args, args.out / f"server-{config}.log")
+        try:
+            for workload in args.workloads.split(","):
+                for rate in [float(r) for r in args.rates.split(",")]:
+                    row = bench(server, model, workload, rate, args, args.out / "raw" / config)
+                    results.setdefault(config, []).append(row)
+                    print(json.dumps({"config": config, **row}), flush=True)
+        finally:
+            server.stop()
+    (args.out / "results.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=2) + "\n")
+    write_report(results, args.out)
+    print((args.out / "table.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
