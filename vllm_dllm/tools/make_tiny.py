@@ -343,6 +343,19 @@ def _llada_tokenizer(out: pathlib.Path, vocab_variant: str, max_len: int) -> dic
     )
     tok.save(str(out / "tokenizer.json"), pretty=True)
 
+    write_llada_tokenizer_config(out, specials, max_len)
+    ids = {c: t for t, c in specials}
+    return {
+        "vocab_size": vocab_size,
+        "bos": ids["<|startoftext|>"],
+        "eos": ids["<|endoftext|>"],
+        "mask": ids["<|mdm_mask|>"],
+        "eot": ids["<|eot_id|>"],
+    }
+
+
+def write_llada_tokenizer_config(out: pathlib.Path, specials: list[tuple[int, str]], max_len: int) -> None:
+    """tokenizer_config.json and special_tokens_map.json of a LLaDA tokenizer folder."""
     tokenizer_config = {
         "add_bos_token": False,
         "add_eos_token": False,
@@ -364,14 +377,6 @@ def _llada_tokenizer(out: pathlib.Path, vocab_variant: str, max_len: int) -> dic
             "pad_token": _added_token_entry("<|endoftext|>"),
         },
     )
-    ids = {c: t for t, c in specials}
-    return {
-        "vocab_size": vocab_size,
-        "bos": ids["<|startoftext|>"],
-        "eos": ids["<|endoftext|>"],
-        "mask": ids["<|mdm_mask|>"],
-        "eot": ids["<|eot_id|>"],
-    }
 
 
 def _llada_config(*, ids, hidden, layers, heads, kv_heads, intermediate, dtype, max_len) -> dict:

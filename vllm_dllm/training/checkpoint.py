@@ -17,11 +17,10 @@ import torch
 from safetensors.torch import save_file
 
 from vllm_dllm.tools.make_tiny import (
-    LLADA_CHAT_TEMPLATE,
-    _added_token_entry,
     _bytes_to_unicode,
     _llada_config,
     _write_json,
+    write_llada_tokenizer_config,
 )
 
 SPECIALS = [
@@ -68,29 +67,7 @@ def build_tokenizer(out: pathlib.Path, max_len: int) -> dict[str, int]:
     tok.add_special_tokens([AddedToken(c, special=True, normalized=False) for c in SPECIALS])
     tok.save(str(out / "tokenizer.json"))
     ids = {c: vocab[c] for c in SPECIALS}
-    _write_json(
-        out / "tokenizer_config.json",
-        {
-            "add_bos_token": False,
-            "add_eos_token": False,
-            "added_tokens_decoder": {str(ids[c]): _added_token_entry(c) for c in SPECIALS},
-            "bos_token": "<|startoftext|>",
-            "chat_template": LLADA_CHAT_TEMPLATE,
-            "clean_up_tokenization_spaces": False,
-            "eos_token": "<|endoftext|>",
-            "model_max_length": max_len,
-            "pad_token": "<|endoftext|>",
-            "tokenizer_class": "PreTrainedTokenizerFast",
-        },
-    )
-    _write_json(
-        out / "special_tokens_map.json",
-        {
-            "bos_token": _added_token_entry("<|startoftext|>"),
-            "eos_token": _added_token_entry("<|endoftext|>"),
-            "pad_token": _added_token_entry("<|endoftext|>"),
-        },
-    )
+    write_llada_tokenizer_config(out, [(ids[c], c) for c in SPECIALS], max_len)
     # Embedding rows are padded to a multiple of 64, like the real model's.
     vocab_size = -(-len(vocab) // 64) * 64
     return {
