@@ -56,20 +56,51 @@ def instances(task: Task, n: int, seed: int) -> list[Instance]:
 
 
 class OfflineRunner:
-    def __init__(self, model: str, engine_kwargs: dict):
-        from vllm import LLM
+    """vLLM's engine in this process, with the plugin's metrics logger attached so the
+    denoising steps can be counted."""
 
-        self.llm = LLM(model=model, **engine_kwargs)
+    def __init__(self, model: str, engine_kwargs: dict):
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        from vllm_dllm.metrics import DiffusionStatLogger
+
+        args = EngineArgs(model=model, disable_log_stats=False, **engine_kwargs)
+        self.engine = LLMEngine.from_engine_args(args, stat_loggers=[DiffusionStatLogger])
+        self.tokenizer = self.engine.get_tokenizer()
+        self.labels = {"model_name": self.engine.vllm_config.model_config.served_model_name, "engine": "0"}
+        self._next_id = 0
+
+    def _steps(self) -> float:
+        import prometheus_client
+
+        value = prometheus_client.REGISTRY.get_sample_value("vllm:diffusion_num_denoising_steps_total", self.labels)
+        return value or 0.0
 
     def run(self, task: Task, items: list[Instance], xargs: dict) -> tuple[list[str], int, int | None]:
         from vllm import SamplingParams
 
         params = SamplingParams(max_tokens=task.gen_length, temperature=0.0, extra_args=exact_xargs(task, xargs))
-        conversations = [[{"role": "user", "content": item.prompt}] for item in items]
-        outs = self.llm.chat(conversations, params, use_tqdm=False)
-        texts = [o.outputs[0].text for o in outs]
-        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-        return texts, tokens, None
+        before = self._steps()
+        order = []
+        for item in items:
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": item.prompt}], tokenize=False, add_generation_prompt=True
+            )
+            # The template already holds the special tokens (LLaDA's convention).
+            prompt = self.tokenizer.encode(text, add_special_tokens=False)
+            req_id = f"eval-{self._next_id}"
+            self._next_id += 1
+            order.append(req_id)
+            self.engine.add_request(req_id, {"prompt_token_ids": list(prompt)}, params)
+        done: dict[str, object] = {}
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                if out.finished:
+                    done[out.request_id] = out
+        outs = [done[req_id].outputs[0] for req_id in order]
+        tokens = sum(len(o.token_ids) for o in outs)
+        return [o.text for o in outs], tokens, int(self._steps() - before)
 
 
 class ServerRunner:
