@@ -87,11 +87,12 @@ def diffusion_loss(model, ids, lengths, starts, gen_length: int, mask_id: int, g
     noisy = ids.clone()
     rows = torch.arange(b)[:, None].expand_as(canvas_pos)
     noisy[rows[masked], canvas_pos[masked]] = mask_id
-    logits = model(noisy, lengths)
-    target = ids[rows[masked], canvas_pos[masked]]
-    picked = logits[rows[masked], canvas_pos[masked]].float()
+    device = next(model.parameters()).device
+    logits = model(noisy.to(device), lengths.to(device))
+    target = ids[rows[masked], canvas_pos[masked]].to(device)
+    picked = logits[rows[masked].to(device), canvas_pos[masked].to(device)].float()
     ce = F.cross_entropy(picked, target, reduction="none")
-    weights = (1.0 / t)[rows[masked]]
+    weights = (1.0 / t)[rows[masked]].to(device)
     return (ce * weights).sum() / (b * gen_length)
 
 
@@ -111,7 +112,8 @@ def evaluate(model, task: Task, encoder: Encoder, n: int, seed: int) -> float:
     rules = [make_rule(LLADA, options, special, seed=0, prompt_len=len(p)) for p in prompts]
     for _ in range(options.steps):
         batch, lengths, starts = pack(prompts, [r.canvas.tolist() for r in rules], ids["eos"])
-        logits = model(batch, lengths).float()
+        device = next(model.parameters()).device
+        logits = model(batch.to(device), lengths.to(device)).float().cpu()
         for row, rule in enumerate(rules):
             positions = rule.rows_needing_logits()
             tokens, conf = rule.reduce(logits[row, starts[row] + positions].clone(), positions)
@@ -122,6 +124,15 @@ def evaluate(model, task: Task, encoder: Encoder, n: int, seed: int) -> float:
         cut = [i for i, tok in enumerate(out) if tok in (ids["eot"], ids["eos"])]
         correct += score(inst, encoder.decode(out[: cut[0]] if cut else out))
     return correct / n
+
+
+def save_state(path: pathlib.Path, model, optim, data_rng, noise, step: int, args) -> None:
+    state = {
+        "model": model.state_dict(), "optim": optim.state_dict(), "data_rng": data_rng.getstate(),
+        "noise": noise.get_state(), "step": step, "args": {k: str(v) for k, v in vars(args).items()},
+    }
+    torch.save(state, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
@@ -150,6 +161,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-len", type=int, default=512)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--device", default="cpu", help="e.g. cuda on a GPU machine")
     args = ap.parse_args(argv)
 
     if args.threads:
@@ -163,14 +175,14 @@ def main(argv=None) -> int:
     shape = dict(hidden=args.hidden, layers=args.layers, heads=args.heads, intermediate=args.intermediate)
 
     torch.manual_seed(args.seed)
-    model = TrainableLLaDA(ids["vocab_size"], **shape)
+    model = TrainableLLaDA(ids["vocab_size"], **shape).to(args.device)
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     data_rng = random.Random(args.seed)
     noise = torch.Generator().manual_seed(args.seed)
     step = 0
     state_path = args.out / "state.pt"
     if args.resume and state_path.exists():
-        state = torch.load(state_path, weights_only=False)
+        state = torch.load(state_path, weights_only=False, map_location=args.device)
         model.load_state_dict(state["model"])
         optim.load_state_dict(state["optim"])
         data_rng.setstate(state["data_rng"])
@@ -209,12 +221,10 @@ def main(argv=None) -> int:
         if step % 20 == 0 or "accuracy" in record:
             print(json.dumps(record), flush=True)
         if step % args.save_every == 0:
-            torch.save(
-                {"model": model.state_dict(), "optim": optim.state_dict(), "data_rng": data_rng.getstate(),
-                 "noise": noise.get_state(), "step": step, "args": vars(args)},
-                state_path,
-            )
-    write_checkpoint(args.out / "model", model.state_dict(), ids, shape, max_len=args.max_len)
+            save_state(state_path, model, optim, data_rng, noise, step, args)
+    save_state(state_path, model, optim, data_rng, noise, step, args)
+    cpu_weights = {k: v.cpu() for k, v in model.state_dict().items()}
+    write_checkpoint(args.out / "model", cpu_weights, ids, shape, max_len=args.max_len)
     print(f"wrote {args.out / 'model'} after {step} steps", flush=True)
     return 0
 
