@@ -185,9 +185,10 @@ def write_report(results: dict, out: pathlib.Path, baseline: str = "b") -> None:
             if not pts:
                 continue
             rates = [p[0] for p in pts]
-            axes[0].plot(rates, [p[1]["committed_tok_s"] for p in pts], marker="o", label=LABELS[config])
-            axes[1].plot(rates, [p[1]["mean_e2el_ms"] / 1000 for p in pts], marker="o", label=f"{config} mean")
-            axes[1].plot(rates, [p[1]["p99_e2el_ms"] / 1000 for p in pts], marker="x", linestyle="--", label=f"{config} p99")
+            (line,) = axes[0].plot(rates, [p[1]["committed_tok_s"] for p in pts], marker="o", label=LABELS[config])
+            color = line.get_color()
+            axes[1].plot(rates, [p[1]["mean_e2el_ms"] / 1000 for p in pts], marker="o", color=color, label=f"{config} mean")
+            axes[1].plot(rates, [p[1]["p99_e2el_ms"] / 1000 for p in pts], marker="x", linestyle="--", color=color, label=f"{config} p99")
         axes[0].set(title=f"{workload}: committed throughput", xlabel="request rate (req/s)", ylabel="tokens/s")
         axes[1].set(title=f"{workload}: latency", xlabel="request rate (req/s)", ylabel="seconds")
         axes[0].legend(fontsize=7)
