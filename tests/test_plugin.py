@@ -83,3 +83,25 @@ def test_other_models_are_untouched(tmp_path):
     assert config.scheduler_config.scheduler_cls in (None, "vllm.v1.core.sched.scheduler.Scheduler")
     assert not config.model_config.logits_processors
     assert RESOLVED_KEY not in config.additional_config
+
+
+def test_diffusion_metrics_only_for_our_architectures(tmp_path, tiny_dirs):
+    import prometheus_client
+
+    from vllm_dllm.metrics import DiffusionStatLogger
+
+    vllm_dllm.register()
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 2,
+        "num_hidden_layers": 1, "vocab_size": 256, "max_position_embeddings": 256,
+    }))
+    names = prometheus_client.REGISTRY._names_to_collectors
+    other = DiffusionStatLogger(engine_config(llama, skip_tokenizer_init=True))
+    other.log_engine_initialized()
+    assert not other.active and "vllm:diffusion_num_denoising_steps" not in names
+    ours = DiffusionStatLogger(engine_config(tiny_dirs("llada")))
+    ours.log_engine_initialized()
+    assert ours.active and "vllm:diffusion_num_denoising_steps" in names
