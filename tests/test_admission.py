@@ -51,6 +51,8 @@ def test_unsupported_sampling_features_are_refused(llm):
         generate(llm, [PROMPT], SamplingParams(max_tokens=16, logit_bias={5: 1.0}))
     with pytest.raises(REFUSED, match="'logprobs' is not supported"):
         generate(llm, [PROMPT], SamplingParams(max_tokens=16, logprobs=2))
+    with pytest.raises(REFUSED, match="'min_tokens' is not supported"):
+        generate(llm, [PROMPT], SamplingParams(max_tokens=16, min_tokens=4))
 
 
 def test_sequence_longer_than_max_model_len_fails_alone(llm):
@@ -60,6 +62,13 @@ def test_sequence_longer_than_max_model_len_fails_alone(llm):
     assert outs[0].outputs[0].finish_reason == "error"
     assert outs[0].outputs[0].stop_reason and "max_model_len 128" in outs[0].outputs[0].stop_reason
     assert len(outs[1].outputs[0].token_ids) == 16
+
+
+def test_guidance_twin_must_fit_max_model_len(llm):
+    prompt = {"prompt_token_ids": list(range(3, 3 + 40))}
+    cfg = SamplingParams(max_tokens=32, temperature=0.0, extra_args={"cfg_scale": 1.0, "steps": 32})
+    out = generate(llm, [prompt], cfg)[0].outputs[0]
+    assert out.finish_reason == "error" and "must fit twice into max_model_len 128" in out.stop_reason
 
 
 def test_a_refused_batch_leaves_the_engine_serving(llm):

@@ -816,3 +816,15 @@ def test_ties_break_as_the_reference_ranks_the_whole_sequence(prompt_len):
     expected = sorted((torch.topk(reference, 3).indices - prompt_len).tolist())
     committed = sorted((rule.canvas != MASK).nonzero().flatten().tolist())
     assert committed == expected
+
+
+def test_a_canvas_is_final_after_its_steps_even_if_a_mask_was_committed():
+    """The references return the canvas after `steps` steps whatever it holds; a
+    position committed as the mask id itself must not keep the request alive."""
+    rule = make_rule(LLADA, llada_opts(gen=4, steps=4, block=4), IDS, seed=0, prompt_len=3)
+    for _ in range(4):
+        positions = rule.rows_needing_logits()
+        tokens = torch.full((len(positions),), MASK)
+        rule.commit(positions, tokens, torch.ones(len(positions)))
+    assert rule.masked.all()
+    assert rule.num_final() == 4

@@ -127,7 +127,7 @@ def test_generation_config_ignores_foreign_and_malformed_keys():
             "bos_token_id": 1,
             "steps": "128",
             "block_length": 16.0,
-            "logits_eos_inf": 1,
+            "logits_eos_inf": 2,
             "remasking": None,
         }
     )
@@ -186,9 +186,9 @@ def test_unknown_server_key_names_the_key(kind):
         (LLADA, "remasking", 1),
         (LLADA, "cfg_scale", True),
         (LLADA, "cfg_scale", "0.5"),
-        (LLADA, "logits_eos_inf", 1),
+        (LLADA, "logits_eos_inf", 2),
         (LLADA, "logits_eos_inf", "true"),
-        (LLADA, "confidence_eos_eot_inf", 0),
+        (LLADA, "confidence_eos_eot_inf", -1),
         (DREAM, "steps", True),
         (DREAM, "steps", "16"),
         (DREAM, "steps", 16.0),
@@ -492,3 +492,28 @@ def test_out_of_range_generation_config_values_are_ignored():
     defaults = llada(gen_config={"block_length": 0, "steps": -3})
     assert "block_length" not in defaults.overrides or defaults.overrides["block_length"] > 0
     assert res(defaults, max_tokens=64).block_length > 0
+
+
+def test_booleans_arrive_as_0_or_1_through_the_openai_protocol():
+    # vLLM types vllm_xargs values as str | int | float: JSON true arrives as 1.
+    opts = res(llada(), {"logits_eos_inf": 1, "confidence_eos_eot_inf": 0}, max_tokens=16)
+    assert opts.logits_eos_inf is True and opts.confidence_eos_eot_inf is False
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"steps": 129}, "more than 8 per generated token"),
+        ({"cfg_scale": float("inf")}, "must be a finite number"),
+        ({"cfg_scale": float("nan")}, "must be a finite number"),
+    ],
+)
+def test_unbounded_values_are_refused(extra, message):
+    with pytest.raises(OptionError, match=message):
+        res(llada(), extra, max_tokens=16)
+
+
+def test_tiny_alg_temp_is_refused():
+    with pytest.raises(OptionError, match="'alg_temp' must be 0 or at least"):
+        res(dream(), {"alg_temp": 1e-39}, max_tokens=16)
+    assert res(dream(), {"alg_temp": 0.0}, max_tokens=16).alg_temp is None

@@ -12,6 +12,7 @@ prices it in the scheduler and configures its decoding in the worker.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,8 +135,16 @@ def _check_type(key: str, value: Any, types: tuple[type, ...], where: str) -> No
         )
 
 
+MAX_STEPS_PER_TOKEN = 8
+MIN_ALG_TEMP = 1e-3
+
+
 def _range_problem(key: str, value: Any) -> str | None:
     """Why a well-typed option value is out of range, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"'{key}' must be a finite number, got {value}"
+    if key == "alg_temp" and value is not None and 0 < value < MIN_ALG_TEMP:
+        return f"'alg_temp' must be 0 or at least {MIN_ALG_TEMP}, got {value}"
     if key in ("steps", "block_length") and value <= 0:
         return f"'{key}' must be a positive integer, got {value}"
     if key == "remasking" and value not in LLADA_REMASKING:
@@ -273,6 +282,11 @@ def resolve(
     request = check_overrides(kind, extra_args or {}, "diffusion option")
     merged = {**defaults.overrides, **request}
     steps = _positive_int("steps", merged.get("steps", gen_length))
+    if steps > MAX_STEPS_PER_TOKEN * gen_length:
+        raise OptionError(
+            f"steps={steps} is more than {MAX_STEPS_PER_TOKEN} per generated token "
+            f"(max_tokens={gen_length})"
+        )
 
     if kind == LLADA:
         # An unset block length that does not divide the generation falls back to

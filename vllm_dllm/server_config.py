@@ -96,6 +96,11 @@ class DiffusionConfigHook:
         _process_defaults = defaults
 
         parallel = vllm_config.parallel_config
+        if parallel.pipeline_parallel_size > 1:
+            raise ValueError(
+                "vllm-dllm does not support pipeline parallelism: a denoising step needs "
+                "the whole model; use tensor parallelism"
+            )
         if parallel.worker_cls == "auto":
             parallel.worker_cls = _worker_cls(vllm_config)
         scheduler = vllm_config.scheduler_config

@@ -28,6 +28,8 @@ _UNSUPPORTED = {
     "presence_penalty": lambda p: p.presence_penalty != 0,
     "frequency_penalty": lambda p: p.frequency_penalty != 0,
     "repetition_penalty": lambda p: p.repetition_penalty != 1,
+    # EOS may be committed anywhere in the canvas; a floor on the length is not honoured.
+    "min_tokens": lambda p: p.min_tokens > 0,
 }
 
 

@@ -41,7 +41,13 @@ class DecodingRule(ABC):
         return not bool(self.masked.any())
 
     def num_final(self) -> int:
-        """Length of the committed prefix: tokens that can be streamed out."""
+        """Length of the committed prefix: tokens that can be streamed out.
+
+        After the configured steps everything is final, as the references return the
+        canvas then, even if a position was committed as the mask token itself.
+        """
+        if self.step >= self.options.steps:
+            return self.options.gen_length
         masked = self.masked.nonzero()
         return int(masked[0]) if len(masked) else self.options.gen_length
 

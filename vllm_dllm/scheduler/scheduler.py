@@ -103,6 +103,14 @@ class DiffusionScheduler(Scheduler):
                 f"({options.gen_length}) exceeds max_model_len {self.max_model_len}"
             )
         tokens = seq_len * sequence_copies(options)
+        if tokens > self.max_model_len:
+            # vLLM's KV cache manager caps one request's slots at max_model_len; the
+            # prompt-masked twin of classifier-free guidance needs its own.
+            return (
+                f"with cfg_scale > 0 the prompt ({request.num_prompt_tokens} tokens) plus "
+                f"generation length ({options.gen_length}) must fit twice into max_model_len "
+                f"{self.max_model_len}"
+            )
         if tokens > self.max_num_scheduled_tokens:
             return (
                 f"one denoising step of this request needs {tokens} tokens, more than "
@@ -151,9 +159,16 @@ class DiffusionScheduler(Scheduler):
         chosen = {self.requests[req_id] for req_id in victims}
         self.running = [r for r in self.running if r not in chosen]
         for request in chosen:
-            self._costs[request.request_id].has_cache = False
             logger.info("Preempting request %s for higher-priority %s", request.request_id, newcomer.request_id)
             self._preempt_request(request, now)
+
+    def _preempt_request(self, request: Request, timestamp: float, drop_stale_output: bool = False) -> None:
+        # Every preemption (ours, or vLLM's own e.g. reset_prefix_cache) frees the
+        # request's KV: its next step must be a Refresh.
+        track = self._costs.get(request.request_id)
+        if track is not None:
+            track.has_cache = False
+        super()._preempt_request(request, timestamp, drop_stale_output)
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         waiting = self._waiting_in_order()
@@ -174,12 +189,15 @@ class DiffusionScheduler(Scheduler):
         for req_id in plan.admitted:
             request = self.requests[req_id]
             # KV for the whole sequence (both CFG twins), whatever the step costs.
-            slots = self._costs[req_id].blocks * self.block_size
-            if self.kv_cache_manager.allocate_slots(request, slots, has_scheduled_reqs=False) is None:
+            track = self._costs[req_id]
+            if self.kv_cache_manager.allocate_slots(request, track.blocks * self.block_size, has_scheduled_reqs=False) is None:
                 # The pool's own accounting disagrees with the plan: wait for frees.
                 for later in plan.admitted[plan.admitted.index(req_id):]:
                     plan.num_tokens.pop(later)
                 break
+            held = len(self.kv_cache_manager.get_blocks(req_id).get_block_ids()[0])
+            if held != track.blocks:
+                raise RuntimeError(f"request {req_id} got {held} KV blocks, needs {track.blocks}")
             self.waiting.remove_request(request)
             self.running.append(request)
             request.status = RequestStatus.RUNNING

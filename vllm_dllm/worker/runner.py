@@ -9,7 +9,7 @@ rule commits tokens -> newly final tokens go back to vLLM's scheduler.
 
 from __future__ import annotations
 
-import secrets
+import hashlib
 from dataclasses import dataclass, field
 
 import torch
@@ -32,6 +32,13 @@ from vllm_dllm.worker.kv_pool import bind_kv_pool
 from vllm_dllm.worker.special_ids import special_ids
 
 logger = init_logger(__name__)
+
+
+def unseeded_seed(req_id: str, engine_seed: int | None) -> int:
+    """A request without a seed gets one from its id: different for every request,
+    identical on every tensor-parallel rank (which must draw the same noise)."""
+    digest = hashlib.blake2b(f"{engine_seed}:{req_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 @dataclass
@@ -183,7 +190,10 @@ class DiffusionModelRunner:
             hidden = self.model(batch.input_ids, batch.positions)
         rows = min(self.defaults.max_num_logits, len(hidden))
         logits = self.model.compute_logits(hidden[:rows])
-        del logits, hidden
+        # The costliest reduction: Gumbel noise in float64 over every row.
+        noise = torch.rand(logits.shape, dtype=torch.float64, device=logits.device)
+        noisy = torch.exp(logits.double()) / (-torch.log(noise))
+        del noisy, noise, logits, hidden
 
     warming_up_model = profile_step
 
@@ -278,7 +288,7 @@ class DiffusionModelRunner:
             top_k=params.top_k,
             extra_args=params.extra_args,
         )
-        seed = params.seed if params.seed is not None else secrets.randbits(63)
+        seed = params.seed if params.seed is not None else unseeded_seed(new.req_id, self.model_config.seed)
         prompt = torch.tensor(new.prompt_token_ids, dtype=torch.long)
         rule = make_rule(self.defaults.kind, options, self.ids, seed, prompt_len=len(prompt))
         return RequestState(req_id=new.req_id, prompt=prompt, rule=rule)
