@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import random
 import string
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 LETTERS = string.ascii_lowercase
@@ -40,12 +41,13 @@ def _split_of(prompt: str) -> str:
     return TEST if int.from_bytes(digest, "little") % TEST_BUCKETS == 0 else TRAIN
 
 
-class Task:
+class Task(ABC):
     name: str
     gen_length: int  # canvas length used to train and evaluate this task
 
+    @abstractmethod
     def draw(self, rng: random.Random) -> Instance:
-        raise NotImplementedError
+        """One instance, of either split."""
 
     def sample(self, rng: random.Random, split: str) -> Instance:
         while True:

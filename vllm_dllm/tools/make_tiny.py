@@ -58,6 +58,15 @@ import pathlib
 import sys
 from collections import Counter
 
+from vllm_dllm.tools.hf_files import (
+    DREAM_CHAT_TEMPLATE,
+    added_token_entry,
+    bytes_to_unicode,
+    save_byte_level_bpe,
+    write_json,
+    write_llada_tokenizer_config,
+)
+
 FORMAT_VERSION = 1
 
 _CONFIGS_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
@@ -175,31 +184,6 @@ def _real_dream_specials() -> list[tuple[int, str]]:
 # LLaDA: bos before the first message; every message is
 # <|start_header_id|>{role}<|end_header_id|>\n\n{content|trim}<|eot_id|>;
 # the assistant header is ALWAYS appended (add_generation_prompt is ignored).
-LLADA_CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{%- if loop.first -%}{{ bos_token }}{%- endif -%}"
-    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'"
-    " + (message['content'] | trim) + '<|eot_id|>' }}"
-    "{%- endfor -%}"
-    "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
-)
-
-# Dream: Qwen2.5 layout, default system prompt "You are a helpful assistant."
-# when the conversation has none, no bos, generation prompt on request.
-DREAM_CHAT_TEMPLATE = (
-    "{%- if messages[0]['role'] == 'system' -%}"
-    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' -}}"
-    "{%- else -%}"
-    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{%- for message in messages -%}"
-    "{%- if not (loop.first and message['role'] == 'system') -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
-)
-
 # ---------------------------------------------------------------------------
 # Byte-level BPE vocabulary
 # ---------------------------------------------------------------------------
@@ -213,24 +197,6 @@ _MERGE_CORPUS = (
     "Question: what is the capital of France? Answer: Paris is the capital of France. "
     "def add(a, b):\n    return a + b\n\nprint(add(1, 2))\n"
 )
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """The GPT-2 byte <-> printable-unicode table used by byte-level BPE."""
-    keep = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("\xa1"), ord("\xac") + 1))
-        + list(range(ord("\xae"), ord("\xff") + 1))
-    )
-    table = {}
-    extra = 0
-    for b in range(256):
-        if b in keep:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
 
 
 def _train_merges(n_merges: int) -> list[tuple[str, str]]:
@@ -269,7 +235,7 @@ def _train_merges(n_merges: int) -> list[tuple[str, str]]:
 def _base_vocab(n_total: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """Byte tokens (id = byte value), then the merges, then unreachable
     fillers up to ``n_total`` entries."""
-    vocab = {ch: b for b, ch in _bytes_to_unicode().items()}
+    vocab = {ch: b for b, ch in bytes_to_unicode().items()}
     merges = _train_merges(N_MERGES)
     for a, b in merges:
         tok = a + b
@@ -285,29 +251,12 @@ def _base_vocab(n_total: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
     return vocab, merges
 
 
-def _added_token_entry(content: str, special: bool = True) -> dict:
-    return {
-        "content": content,
-        "lstrip": False,
-        "normalized": False,
-        "rstrip": False,
-        "single_word": False,
-        "special": special,
-    }
-
-
-def _write_json(path: pathlib.Path, obj) -> None:
-    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=False) + "\n", encoding="utf-8")
-
-
 # ---------------------------------------------------------------------------
 # LLaDA
 # ---------------------------------------------------------------------------
 
 
 def _llada_tokenizer(out: pathlib.Path, vocab_variant: str, max_len: int) -> dict[str, int]:
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
-
     if vocab_variant == "small":
         specials, first_added, vocab_size = SMALL_LLADA_SPECIALS, 296, SMALL_VOCAB_SIZE
     else:
@@ -319,29 +268,7 @@ def _llada_tokenizer(out: pathlib.Path, vocab_variant: str, max_len: int) -> dic
         assert tid == len(vocab)
         vocab[content] = tid
 
-    tok = Tokenizer(
-        models.BPE(
-            vocab=vocab,
-            merges=merges,
-            dropout=None,
-            unk_token=None,
-            continuing_subword_prefix="",
-            end_of_word_suffix="",
-            fuse_unk=False,
-            byte_fallback=False,
-        )
-    )
-    tok.normalizer = None
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    tok.add_special_tokens(
-        [
-            AddedToken(c, special=True, normalized=False, lstrip=False, rstrip=False, single_word=False)
-            for _, c in specials
-        ]
-    )
-    tok.save(str(out / "tokenizer.json"), pretty=True)
+    save_byte_level_bpe(out, vocab, merges, [c for _, c in specials], use_regex=True)
 
     write_llada_tokenizer_config(out, specials, max_len)
     ids = {c: t for t, c in specials}
@@ -352,31 +279,6 @@ def _llada_tokenizer(out: pathlib.Path, vocab_variant: str, max_len: int) -> dic
         "mask": ids["<|mdm_mask|>"],
         "eot": ids["<|eot_id|>"],
     }
-
-
-def write_llada_tokenizer_config(out: pathlib.Path, specials: list[tuple[int, str]], max_len: int) -> None:
-    """tokenizer_config.json and special_tokens_map.json of a LLaDA tokenizer folder."""
-    tokenizer_config = {
-        "add_bos_token": False,
-        "add_eos_token": False,
-        "added_tokens_decoder": {str(tid): _added_token_entry(c) for tid, c in specials},
-        "bos_token": "<|startoftext|>",
-        "chat_template": LLADA_CHAT_TEMPLATE,
-        "clean_up_tokenization_spaces": False,
-        "eos_token": "<|endoftext|>",
-        "model_max_length": max_len,
-        "pad_token": "<|endoftext|>",
-        "tokenizer_class": "PreTrainedTokenizerFast",
-    }
-    _write_json(out / "tokenizer_config.json", tokenizer_config)
-    _write_json(
-        out / "special_tokens_map.json",
-        {
-            "bos_token": _added_token_entry("<|startoftext|>"),
-            "eos_token": _added_token_entry("<|endoftext|>"),
-            "pad_token": _added_token_entry("<|endoftext|>"),
-        },
-    )
 
 
 def _llada_config(*, ids, hidden, layers, heads, kv_heads, intermediate, dtype, max_len) -> dict:
@@ -474,7 +376,7 @@ def _dream_tokenizer(out: pathlib.Path, vocab_variant: str, max_len: int) -> dic
     (out / "merges.txt").write_text(
         "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges), encoding="utf-8"
     )
-    _write_json(out / "added_tokens.json", {c: t for t, c in specials})
+    write_json(out / "added_tokens.json", {c: t for t, c in specials})
     (out / "tokenization_dream.py").write_text(
         (_CONFIGS_DIR / "dream_tokenizer.py").read_text(encoding="utf-8"), encoding="utf-8"
     )
@@ -483,7 +385,7 @@ def _dream_tokenizer(out: pathlib.Path, vocab_variant: str, max_len: int) -> dic
     tokenizer_config = {
         "add_prefix_space": False,
         "added_tokens_decoder": {
-            str(tid): _added_token_entry(c, special=c not in _QWEN_NON_SPECIAL) for tid, c in specials
+            str(tid): added_token_entry(c, special=c not in _QWEN_NON_SPECIAL) for tid, c in specials
         },
         "additional_special_tokens": extra,
         "auto_map": {"AutoTokenizer": ["tokenization_dream.DreamTokenizer", None]},
@@ -499,16 +401,16 @@ def _dream_tokenizer(out: pathlib.Path, vocab_variant: str, max_len: int) -> dic
         "tokenizer_class": "DreamTokenizer",
         "unk_token": "<|endoftext|>",
     }
-    _write_json(out / "tokenizer_config.json", tokenizer_config)
-    _write_json(
+    write_json(out / "tokenizer_config.json", tokenizer_config)
+    write_json(
         out / "special_tokens_map.json",
         {
             "additional_special_tokens": extra,
-            "bos_token": _added_token_entry("<|beginoftext|>"),
-            "eos_token": _added_token_entry("<|endoftext|>"),
-            "mask_token": _added_token_entry("<|mask|>"),
-            "pad_token": _added_token_entry("<|endoftext|>"),
-            "unk_token": _added_token_entry("<|endoftext|>"),
+            "bos_token": added_token_entry("<|beginoftext|>"),
+            "eos_token": added_token_entry("<|endoftext|>"),
+            "mask_token": added_token_entry("<|mask|>"),
+            "pad_token": added_token_entry("<|endoftext|>"),
+            "unk_token": added_token_entry("<|endoftext|>"),
         },
     )
     ids = {c: t for t, c in specials}
@@ -709,12 +611,12 @@ def make_tiny(
         )
         weights = _dream_weights(gen, vocab_size=ids["vocab_size"], **sizes)
 
-    _write_json(out / "config.json", config)
-    _write_json(out / "generation_config.json", gen_config)
+    write_json(out / "config.json", config)
+    write_json(out / "generation_config.json", gen_config)
     weights = {k: v.to(torch_dtype).contiguous() for k, v in weights.items()}
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "model.safetensors").chmod(0o644)  # safetensors creates it 0600
-    _write_json(
+    write_json(
         out / "make_tiny.json",
         {
             "format_version": FORMAT_VERSION,

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from vllm_dllm.decoding.base import SpecialIds, make_rule
 from vllm_dllm.options import LLADA, LLaDAOptions
-from vllm_dllm.tasks import TASKS, TEST, TRAIN, Instance, Task, score
+from vllm_dllm.tasks import TASKS, TEST, TRAIN, Task, score
 from vllm_dllm.training.checkpoint import build_tokenizer, write_checkpoint
 from vllm_dllm.training.model import TrainableLLaDA
 

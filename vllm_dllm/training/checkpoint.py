@@ -16,12 +16,8 @@ import string
 import torch
 from safetensors.torch import save_file
 
-from vllm_dllm.tools.make_tiny import (
-    _bytes_to_unicode,
-    _llada_config,
-    _write_json,
-    write_llada_tokenizer_config,
-)
+from vllm_dllm.tools.hf_files import bytes_to_unicode, save_byte_level_bpe, write_json, write_llada_tokenizer_config
+from vllm_dllm.tools.make_tiny import _llada_config
 
 SPECIALS = [
     "<|startoftext|>",
@@ -36,7 +32,7 @@ _CONFIGS_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
 
 
 def _vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
-    byte = _bytes_to_unicode()
+    byte = bytes_to_unicode()
     vocab = {ch: b for b, ch in byte.items()}
     merges: list[tuple[str, str]] = []
     letters = string.ascii_lowercase
@@ -54,18 +50,11 @@ def _vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
 
 def build_tokenizer(out: pathlib.Path, max_len: int) -> dict[str, int]:
     """Write tokenizer.json & co.; return the special ids and the vocabulary size."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
     vocab, merges = _vocab_and_merges()
     for content in SPECIALS:
         vocab[content] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    tok.normalizer = None
     # No regex split: merges may cross punctuation (";xy=" is one token).
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(c, special=True, normalized=False) for c in SPECIALS])
-    tok.save(str(out / "tokenizer.json"))
+    save_byte_level_bpe(out, vocab, merges, SPECIALS, use_regex=False)
     ids = {c: vocab[c] for c in SPECIALS}
     write_llada_tokenizer_config(out, [(ids[c], c) for c in SPECIALS], max_len)
     # Embedding rows are padded to a multiple of 64, like the real model's.
@@ -102,9 +91,9 @@ def write_checkpoint(
         dtype=dtype_name,
         max_len=max_len,
     )
-    _write_json(out / "config.json", config)
+    write_json(out / "config.json", config)
     shutil.copyfile(_CONFIGS_DIR / "llada.py", out / "configuration_llada.py")
-    _write_json(
+    write_json(
         out / "generation_config.json",
         {
             "bos_token_id": ids["bos"],
