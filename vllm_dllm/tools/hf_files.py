@@ -118,3 +118,14 @@ def write_llada_tokenizer_config(out: pathlib.Path, specials: list[tuple[int, st
             "pad_token": added_token_entry("<|endoftext|>"),
         },
     )
+
+
+def llada_special_ids(token_ids: dict[str, int], vocab_size: int) -> dict[str, int]:
+    """The ids a LLaDA checkpoint writer needs, by role."""
+    return {
+        "vocab_size": vocab_size,
+        "bos": token_ids["<|startoftext|>"],
+        "eos": token_ids["<|endoftext|>"],
+        "mask": token_ids["<|mdm_mask|>"],
+        "eot": token_ids["<|eot_id|>"],
+    }

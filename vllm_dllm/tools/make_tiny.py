@@ -62,6 +62,7 @@ from vllm_dllm.tools.hf_files import (
     DREAM_CHAT_TEMPLATE,
     added_token_entry,
     bytes_to_unicode,
+    llada_special_ids,
     save_byte_level_bpe,
     write_json,
     write_llada_tokenizer_config,
@@ -271,14 +272,7 @@ def _llada_tokenizer(out: pathlib.Path, vocab_variant: str, max_len: int) -> dic
     save_byte_level_bpe(out, vocab, merges, [c for _, c in specials], use_regex=True)
 
     write_llada_tokenizer_config(out, specials, max_len)
-    ids = {c: t for t, c in specials}
-    return {
-        "vocab_size": vocab_size,
-        "bos": ids["<|startoftext|>"],
-        "eos": ids["<|endoftext|>"],
-        "mask": ids["<|mdm_mask|>"],
-        "eot": ids["<|eot_id|>"],
-    }
+    return llada_special_ids({c: t for t, c in specials}, vocab_size)
 
 
 def _llada_config(*, ids, hidden, layers, heads, kv_heads, intermediate, dtype, max_len) -> dict:

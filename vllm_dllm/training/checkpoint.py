@@ -16,7 +16,13 @@ import string
 import torch
 from safetensors.torch import save_file
 
-from vllm_dllm.tools.hf_files import bytes_to_unicode, save_byte_level_bpe, write_json, write_llada_tokenizer_config
+from vllm_dllm.tools.hf_files import (
+    bytes_to_unicode,
+    llada_special_ids,
+    save_byte_level_bpe,
+    write_json,
+    write_llada_tokenizer_config,
+)
 from vllm_dllm.tools.make_tiny import _llada_config
 
 SPECIALS = [
@@ -58,14 +64,7 @@ def build_tokenizer(out: pathlib.Path, max_len: int) -> dict[str, int]:
     ids = {c: vocab[c] for c in SPECIALS}
     write_llada_tokenizer_config(out, [(ids[c], c) for c in SPECIALS], max_len)
     # Embedding rows are padded to a multiple of 64, like the real model's.
-    vocab_size = -(-len(vocab) // 64) * 64
-    return {
-        "vocab_size": vocab_size,
-        "bos": ids["<|startoftext|>"],
-        "eos": ids["<|endoftext|>"],
-        "mask": ids["<|mdm_mask|>"],
-        "eot": ids["<|eot_id|>"],
-    }
+    return llada_special_ids(ids, -(-len(vocab) // 64) * 64)
 
 
 def write_checkpoint(
