@@ -5,13 +5,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
-DEFAULT_MODEL := .cache/default-model
+TINY_MODEL := .cache/tiny-model
 
 # CUDA machines get vLLM's CUDA build; everything else the CPU build, whose torch
 # pin (2.13.0+cpu) must be installed first so pip does not pull the CUDA wheels.
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: setup test serve bench clean
+.PHONY: setup test serve serve-tiny bench clean
 
 setup: $(STAMP)
 
@@ -34,11 +34,18 @@ endif
 test: setup
 	$(BIN)/python -m pytest -q tests
 
-$(DEFAULT_MODEL)/config.json: | setup
-	$(BIN)/python -m vllm_dllm.tools.make_tiny --arch llada --out $(DEFAULT_MODEL) --seed 0
+# The embedded default: the small task model trained by vllm_dllm.tools.train.
+serve: setup
+	$(BIN)/vllm serve $$($(BIN)/python -m vllm_dllm.default_model) --served-model-name vllm-dllm-task \
+		--host $(HOST) --port $(PORT) \
+		--max-model-len 512 --kv-cache-memory-bytes 268435456 --gpu-memory-utilization 0.3
 
-serve: setup $(DEFAULT_MODEL)/config.json
-	$(BIN)/vllm serve $(DEFAULT_MODEL) --host $(HOST) --port $(PORT) \
+# A random-weight tiny LLaDA, for plumbing checks without the trained model.
+$(TINY_MODEL)/config.json: | setup
+	$(BIN)/python -m vllm_dllm.tools.make_tiny --arch llada --out $(TINY_MODEL) --seed 0
+
+serve-tiny: setup $(TINY_MODEL)/config.json
+	$(BIN)/vllm serve $(TINY_MODEL) --host $(HOST) --port $(PORT) \
 		--max-model-len 512 --kv-cache-memory-bytes 268435456 --gpu-memory-utilization 0.3
 
 # The scheduling benchmark (minutes to an hour on a 2-core CPU); see benchmarks/.

@@ -571,6 +571,22 @@ def _text_of(path: str, payload: dict) -> str:
     return choice["message"]["content"] if "chat" in path else choice["text"]
 
 
+def test_eval_cli_against_a_running_server(server, tmp_path):
+    # The task evaluation drives the server through chat completions; the tiny model is
+    # random, so only the accounting is checked here (accuracy: test_task_model.py).
+    from vllm_dllm import eval as task_eval
+
+    out = tmp_path / "eval.json"
+    assert task_eval.main(["--base-url", server.base_url, "--task", "addition", "--n", "4", "--out", str(out)]) == 0
+    [result] = json.loads(out.read_text())["results"]
+    assert result["task"] == "addition" and result["n"] == 4
+    assert 0 <= result["correct"] <= 4
+    low, high = result["ci95"]
+    assert 0.0 <= low <= result["accuracy"] <= high <= 1.0
+    # Exact decoding by default: one step per canvas position of each request.
+    assert result["denoising_steps"] == 4 * 8
+
+
 def test_load_mixed_valid_and_invalid(server, client, tokenizer):
     specs = _valid_specs(tokenizer)
     # References: each valid request alone (spot checks: >= 10 distinct requests).

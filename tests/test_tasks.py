@@ -57,3 +57,12 @@ def test_task_tokenizer_makes_retrieval_short_and_digits_single(tmp_path):
     assert len(tok.encode("QWERTY", add_special_tokens=False)) == 6
     assert tok.decode(tok.encode("any text, even ünïcode!", add_special_tokens=False)) == "any text, even ünïcode!"
     assert ids["vocab_size"] % 64 == 0 and ids["mask"] < ids["vocab_size"]
+
+
+def test_wilson_interval_brackets_the_observed_rate():
+    from vllm_dllm.eval import wilson
+
+    low, high = wilson(19, 20)
+    assert 0.75 < low < 0.95 < high <= 1.0
+    assert wilson(0, 20)[0] == 0.0 and 0.0 < wilson(0, 20)[1] < 0.2
+    assert wilson(0, 0) == (0.0, 1.0)

@@ -4,15 +4,22 @@ resumes from its saved state."""
 from __future__ import annotations
 
 import json
+import math
+import random
+
+import pytest
+import torch
 
 from tests import oracle
+from vllm_dllm.tasks import TASKS
 from vllm_dllm.tools import train
 
 
 def test_train_writes_checkpoint_and_resumes(tmp_path):
     out = tmp_path / "run"
     common = ["--out", str(out), "--hidden", "64", "--layers", "1", "--heads", "1", "--intermediate", "96",
-              "--tasks", "addition,copy", "--eval-every", "1000", "--save-every", "2", "--threads", "1"]
+              "--tasks", "addition,copy", "--eval-every", "1000", "--save-every", "2", "--threads", "1",
+              "--rope-theta", "10000"]
     assert train.main([*common, "--steps", "3"]) == 0
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2, 3] and all(r["loss"] > 0 for r in log)
@@ -24,6 +31,8 @@ def test_train_writes_checkpoint_and_resumes(tmp_path):
     model_dir = out / "model"
     config = json.loads((model_dir / "config.json").read_text())
     assert config["architectures"] == ["LLaDAModelLM"] and config["d_model"] == 64
+    assert config["rope_theta"] == 10000.0  # the positions the model was trained with
+    assert json.loads((model_dir / "generation_config.json").read_text())["max_new_tokens"] == 56
     generation = json.loads((model_dir / "generation_config.json").read_text())
     eot, eos = generation["eos_token_id"]
     model = oracle.load_oracle(str(model_dir))
@@ -32,3 +41,70 @@ def test_train_writes_checkpoint_and_resumes(tmp_path):
         mask_id=config["mask_token_id"], eos_id=eos, eot_id=eot,
     )
     assert len(result.tokens) == 8
+
+    exported = tmp_path / "exported"
+    assert train.main([*common, "--export", str(exported)]) == 0
+    assert (exported / "model.safetensors").read_bytes() == (model_dir / "model.safetensors").read_bytes()
+
+
+class _UniformModel(torch.nn.Module):
+    """Predicts every token with equal probability and records what it was shown."""
+
+    def __init__(self, hidden: int, vocab: int):
+        super().__init__()
+        self.head = torch.nn.Linear(hidden, vocab, bias=False)
+        torch.nn.init.zeros_(self.head.weight)
+        self.hidden_size, self.seen = hidden, None
+
+    def hidden(self, ids, lengths):
+        self.seen = ids.clone()
+        return torch.ones(*ids.shape, self.hidden_size)
+
+    def logits(self, hidden):
+        return self.head(hidden)
+
+
+def _batch(rows: int, prompt_len: int, gen_length: int):
+    prompts = [[5 + (i + j) % 7 for j in range(prompt_len + i % 3)] for i in range(rows)]
+    canvases = [[20 + (i * j) % 9 for j in range(gen_length)] for i in range(rows)]
+    return train.pack(prompts, canvases, pad=0)
+
+
+def test_loss_weights_masked_tokens_by_inverse_mask_ratio():
+    # With uniform predictions every masked token costs ln(V); weighting k masked tokens
+    # by G/k and averaging over G makes every row cost exactly ln(V), whatever k is.
+    vocab, gen_length, mask_id = 50, 8, 49
+    model = _UniformModel(4, vocab)
+    ids, lengths, starts = _batch(32, 6, gen_length)
+    loss = train.diffusion_loss(model, ids, lengths, starts, gen_length, mask_id, torch.Generator().manual_seed(0))
+    assert loss.item() == pytest.approx(math.log(vocab), rel=1e-5)
+
+
+def test_loss_masks_only_the_canvas_and_at_least_one_position_per_row():
+    gen_length, mask_id = 8, 49
+    model = _UniformModel(4, 50)
+    ids, lengths, starts = _batch(64, 6, gen_length)
+    train.diffusion_loss(model, ids, lengths, starts, gen_length, mask_id, torch.Generator().manual_seed(1))
+    masked = model.seen == mask_id
+    counts = []
+    for row in range(ids.shape[0]):
+        canvas = slice(int(starts[row]), int(starts[row]) + gen_length)
+        assert not masked[row, : int(starts[row])].any(), "the prompt stays clean"
+        assert not masked[row, int(starts[row]) + gen_length:].any(), "padding stays clean"
+        counts.append(int(masked[row, canvas].sum()))
+    assert min(counts) >= 1 and max(counts) <= gen_length
+    # Stratified mask ratios cover the whole range in one batch.
+    assert set(counts) == set(range(1, gen_length + 1))
+
+
+def test_curriculum_grows_task_sizes_to_the_full_range():
+    rng = random.Random(0)
+    start = train.task_at("retrieval", 0.0)
+    assert all(p.count(";") - 1 <= 8 for p in (start.draw(rng).prompt for _ in range(50)))
+    full = train.task_at("retrieval", 1.0)
+    assert (full.min_pairs, full.max_pairs) == (TASKS["retrieval"].min_pairs, TASKS["retrieval"].max_pairs)
+    copy_start, copy_full = train.task_at("reverse", 0.0), train.task_at("reverse", 2.0)
+    assert copy_start.max_len == 8 and copy_full.max_len == TASKS["reverse"].max_len
+    inst = copy_start.draw(rng)
+    assert inst.answer == inst.prompt.split()[1][::-1], "the curriculum keeps the task's transform"
+    assert train.task_at("addition", 0.5).max_digits < TASKS["addition"].max_digits

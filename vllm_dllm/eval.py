@@ -19,9 +19,9 @@ import random
 import time
 from dataclasses import asdict, dataclass
 
+from vllm_dllm.default_model import PATH as DEFAULT_MODEL
 from vllm_dllm.tasks import TASKS, TEST, Instance, Task, score
 
-DEFAULT_MODEL = pathlib.Path(__file__).resolve().parent / "default_model"
 
 
 @dataclass
@@ -33,6 +33,7 @@ class TaskResult:
     ci95: tuple[float, float]
     tokens_per_s: float
     steps_per_token: float | None
+    denoising_steps: int | None
     wall_s: float
 
 
@@ -162,6 +163,7 @@ def evaluate_task(runner, task: Task, n: int, seed: int, xargs: dict) -> TaskRes
         ci95=wilson(correct, n),
         tokens_per_s=tokens / wall if wall > 0 else 0.0,
         steps_per_token=(steps / tokens) if steps is not None and tokens else None,
+        denoising_steps=steps,
         wall_s=wall,
     )
 

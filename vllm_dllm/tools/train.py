@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from vllm_dllm.decoding.base import SpecialIds, make_rule
 from vllm_dllm.options import LLADA, LLaDAOptions
-from vllm_dllm.tasks import TASKS, TEST, TRAIN, Task, score
+from vllm_dllm.tasks import TASKS, TEST, TRAIN, Addition, Copy, Retrieval, Task, score
 from vllm_dllm.training.checkpoint import build_tokenizer, write_checkpoint
 from vllm_dllm.training.model import TrainableLLaDA
 
@@ -75,25 +75,49 @@ def pack(prompts: list[list[int]], canvases: list[list[int]], pad: int):
 
 
 def diffusion_loss(model, ids, lengths, starts, gen_length: int, mask_id: int, gen: torch.Generator):
+    """LLaDA's masked-diffusion SFT loss, in the estimator LLaDA itself uses for likelihoods.
+
+    Each row masks exactly k ~ U{1..G} of its G canvas positions (mask ratio t = k/G,
+    k stratified over the batch) and weights the cross-entropy of its masked positions
+    by 1/t.  In expectation this is the 1/t-weighted loss with t ~ U(0, 1), but the
+    weight never exceeds G: with t drawn continuously, rows with t near 0 carry weights
+    of hundreds on a single token, and after gradient clipping one such row decides the
+    whole step (the first training run stalled on exactly that).
+    """
     b = ids.shape[0]
-    # Stratified t ~ U(0, 1): one draw per 1/b-wide stratum keeps the 1/t-weighted
-    # loss unbiased while sparing most batches an extreme weight.
-    t = ((torch.arange(b) + torch.rand(b, generator=gen)) / b).clamp(min=1e-3)
-    t = t[torch.randperm(b, generator=gen)]
-    offsets = torch.arange(gen_length)
-    canvas_pos = starts[:, None] + offsets[None]  # [B, G]
-    masked = torch.rand(b, gen_length, generator=gen) < t[:, None]
-    masked[masked.sum(1) == 0, 0] = True
-    noisy = ids.clone()
+    strata = ((torch.arange(b) + torch.rand(b, generator=gen)) / b)[torch.randperm(b, generator=gen)]
+    k = (strata * gen_length).long().clamp(max=gen_length - 1) + 1
+    order = torch.rand(b, gen_length, generator=gen).argsort(1).argsort(1)
+    masked = order < k[:, None]
+    canvas_pos = starts[:, None] + torch.arange(gen_length)[None]  # [B, G]
     rows = torch.arange(b)[:, None].expand_as(canvas_pos)
-    noisy[rows[masked], canvas_pos[masked]] = mask_id
+    row_m, pos_m = rows[masked], canvas_pos[masked]
+    noisy = ids.clone()
+    noisy[row_m, pos_m] = mask_id
     device = next(model.parameters()).device
-    logits = model(noisy.to(device), lengths.to(device))
-    target = ids[rows[masked], canvas_pos[masked]].to(device)
-    picked = logits[rows[masked].to(device), canvas_pos[masked].to(device)].float()
-    ce = F.cross_entropy(picked, target, reduction="none")
-    weights = (1.0 / t)[rows[masked]].to(device)
+    hidden = model.hidden(noisy.to(device), lengths.to(device))
+    # Logits only where the loss is taken: the prompt never needs them.
+    picked = model.logits(hidden[row_m.to(device), pos_m.to(device)]).float()
+    ce = F.cross_entropy(picked, ids[row_m, pos_m].to(device), reduction="none")
+    weights = (gen_length / k.float())[row_m].to(device)
     return (ce * weights).sum() / (b * gen_length)
+
+
+def task_at(name: str, progress: float) -> Task:
+    """The task with its sizes grown linearly from small to the full range as progress
+    goes 0 -> 1: short copies and few retrieval pairs teach the reading mechanism in
+    cheap steps before the long contexts."""
+    def grow(small: int, full: int) -> int:
+        return round(small + (full - small) * min(1.0, progress))
+
+    full = TASKS[name]
+    if isinstance(full, Retrieval):
+        return Retrieval(grow(2, full.min_pairs), grow(8, full.max_pairs))
+    if isinstance(full, Addition):
+        return Addition(grow(3, full.max_digits))
+    if isinstance(full, Copy):
+        return type(full)(grow(2, full.min_len), grow(8, full.max_len))
+    return full
 
 
 @torch.no_grad()
@@ -142,6 +166,13 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def export(model, out: pathlib.Path, ids: dict, shape: dict, max_len: int, tasks: list[Task]) -> None:
+    """An unmodified LLaDA checkpoint whose default canvas fits every task's answer."""
+    cpu_weights = {k: v.cpu() for k, v in model.state_dict().items()}
+    generation = {"max_new_tokens": max(t.gen_length for t in tasks)}
+    write_checkpoint(out, cpu_weights, ids, shape, max_len=max_len, generation=generation)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=pathlib.Path)
@@ -150,10 +181,14 @@ def main(argv=None) -> int:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--rope-theta", type=float, default=500000.0)
     ap.add_argument("--intermediate", type=int, default=768)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--batch-scale", type=float, default=1.0, help="multiply every task's batch size")
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--curriculum-steps", type=int, default=0,
+                    help="grow task sizes from small to the full range over this many steps (0: full range)")
     ap.add_argument("--tasks", default="retrieval,addition,copy,reverse")
     ap.add_argument("--eval-every", type=int, default=200)
     ap.add_argument("--eval-n", type=int, default=32)
@@ -162,6 +197,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--device", default="cpu", help="e.g. cuda on a GPU machine")
+    ap.add_argument("--export", type=pathlib.Path, default=None,
+                    help="write the checkpoint of OUT/state.pt to this folder and exit (no training)")
     args = ap.parse_args(argv)
 
     if args.threads:
@@ -172,10 +209,12 @@ def main(argv=None) -> int:
     ids = build_tokenizer(tok_dir, args.max_len)
     encoder = Encoder(tok_dir, ids)
     tasks = [TASKS[name] for name in args.tasks.split(",")]
-    shape = dict(hidden=args.hidden, layers=args.layers, heads=args.heads, intermediate=args.intermediate)
+    shape = dict(hidden=args.hidden, layers=args.layers, heads=args.heads, intermediate=args.intermediate,
+                 rope_theta=args.rope_theta)
 
     torch.manual_seed(args.seed)
-    model = TrainableLLaDA(ids["vocab_size"], **shape).to(args.device)
+    model = TrainableLLaDA(ids["vocab_size"], args.hidden, args.layers, args.heads, args.intermediate,
+                           theta=args.rope_theta).to(args.device)
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     data_rng = random.Random(args.seed)
     noise = torch.Generator().manual_seed(args.seed)
@@ -189,6 +228,14 @@ def main(argv=None) -> int:
         noise.set_state(state["noise"])
         step = state["step"]
         print(f"resumed at step {step}", flush=True)
+    if args.export is not None:
+        if not state_path.exists():
+            ap.error(f"--export needs a saved state at {state_path}")
+        state = torch.load(state_path, weights_only=False, map_location="cpu")
+        model.load_state_dict(state["model"])
+        export(model, args.export, ids, shape, args.max_len, tasks)
+        print(f"wrote {args.export} from step {state['step']}", flush=True)
+        return 0
     params = sum(p.numel() for p in model.parameters())
     log = (args.out / "train_log.jsonl").open("a")
     print(f"{params / 1e6:.2f}M parameters; vocab {ids['vocab_size']}", flush=True)
@@ -199,7 +246,9 @@ def main(argv=None) -> int:
         if args.minutes is not None and time.time() - start > args.minutes * 60:
             break
         task = tasks[step % len(tasks)]
-        _, prompts, canvases = make_batch(task, encoder, data_rng, BATCH_SIZES[task.name])
+        if args.curriculum_steps:
+            task = task_at(task.name, step / args.curriculum_steps)
+        _, prompts, canvases = make_batch(task, encoder, data_rng, max(2, round(BATCH_SIZES[task.name] * args.batch_scale)))
         batch, lengths, starts = pack(prompts, canvases, ids["eos"])
         for group in optim.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
@@ -215,6 +264,12 @@ def main(argv=None) -> int:
         if step % args.eval_every == 0 or step == args.steps:
             model.eval()
             record["accuracy"] = {t.name: evaluate(model, t, encoder, args.eval_n, seed=1) for t in tasks}
+            if args.curriculum_steps and step < args.curriculum_steps:
+                # Progress on the sizes being trained, before the full range is reached.
+                record["accuracy_at_curriculum_sizes"] = {
+                    t.name: evaluate(model, task_at(t.name, step / args.curriculum_steps), encoder, args.eval_n, seed=1)
+                    for t in tasks
+                }
             model.train()
         log.write(json.dumps(record) + "\n")
         log.flush()
@@ -223,8 +278,7 @@ def main(argv=None) -> int:
         if step % args.save_every == 0:
             save_state(state_path, model, optim, data_rng, noise, step, args)
     save_state(state_path, model, optim, data_rng, noise, step, args)
-    cpu_weights = {k: v.cpu() for k, v in model.state_dict().items()}
-    write_checkpoint(args.out / "model", cpu_weights, ids, shape, max_len=args.max_len)
+    export(model, args.out / "model", ids, shape, args.max_len, tasks)
     print(f"wrote {args.out / 'model'} after {step} steps", flush=True)
     return 0
 

@@ -90,6 +90,7 @@ def write_checkpoint(
         dtype=dtype_name,
         max_len=max_len,
     )
+    config["rope_theta"] = float(shape.get("rope_theta", config["rope_theta"]))
     write_json(out / "config.json", config)
     shutil.copyfile(_CONFIGS_DIR / "llada.py", out / "configuration_llada.py")
     write_json(

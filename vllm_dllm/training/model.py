@@ -92,8 +92,8 @@ class TrainableLLaDA(nn.Module):
             block.attn_out.weight.data.mul_(0.5 / len(self.model.transformer.blocks) ** 0.5)
             block.ff_out.weight.data.mul_(0.5 / len(self.model.transformer.blocks) ** 0.5)
 
-    def forward(self, ids: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits [B, L, V]; `lengths` masks right padding out of the keys."""
+    def hidden(self, ids: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """Final hidden states [B, L, H]; `lengths` masks right padding out of the keys."""
         t = self.model.transformer
         key_mask = None
         if lengths is not None:
@@ -101,4 +101,11 @@ class TrainableLLaDA(nn.Module):
         x = t.wte(ids)
         for block in t.blocks:
             x = block(x, key_mask)
-        return t.ff_out(t.ln_f(x))
+        return t.ln_f(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.transformer.ff_out(hidden)
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [B, L, V]."""
+        return self.logits(self.hidden(ids, lengths))

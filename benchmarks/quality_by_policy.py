@@ -1,0 +1,92 @@
+"""Task accuracy of the shipped model under each KV-reuse policy, against exact decoding.
+
+    python benchmarks/quality_by_policy.py --n 200 --out benchmarks/results/quality
+
+One engine (offline, through the plugin) decodes the same held-out instances of every
+task under each policy and writes quality.json and quality.md.  Every policy uses
+steps = canvas length (one token per step), so the only differences are the block
+schedule and where K/V comes from:
+
+  exact           cache none, one block over the whole canvas (the accuracy targets)
+  blocks          cache none, semi-autoregressive blocks (what the caches build on)
+  prefix          prefix cache: Reuse steps recompute the block and everything after it
+  dual            dual cache: Reuse steps recompute the block only
+  dual+refresh4   dual cache, refreshed every 4 steps inside a block as well
+  dual+delay1     dual cache filled one step late (Sparse-dLLM's delayed fill)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+
+from vllm_dllm import eval as task_eval
+from vllm_dllm.default_model import PATH as DEFAULT_MODEL
+from vllm_dllm.tasks import TASKS
+
+# Block length per task: short canvases in two blocks, long ones in blocks of 8.
+BLOCKS = {"retrieval": 4, "addition": 4, "copy": 8, "reverse": 8}
+POLICIES = {
+    "exact": None,
+    "blocks": {"cache": "none"},
+    "prefix": {"cache": "prefix"},
+    "dual": {"cache": "dual"},
+    "dual+refresh4": {"cache": "dual", "refresh_interval": 4},
+    "dual+delay1": {"cache": "dual", "delay_step": 1},
+}
+
+
+def xargs_for(policy: str, task: str) -> dict:
+    options = POLICIES[policy]
+    if options is None:
+        return {}
+    return {"block_length": BLOCKS[task], **options}
+
+
+def write_table(rows: list[dict], out: pathlib.Path) -> None:
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    by_key = {(r["policy"], r["task"]): r for r in rows}
+    lines = ["| policy | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+    for policy in dict.fromkeys(r["policy"] for r in rows):
+        cells = []
+        for task in tasks:
+            r = by_key[(policy, task)]
+            low, high = r["ci95"]
+            cells.append(f"{r['accuracy']:.1%} [{low:.0%}, {high:.0%}]")
+        lines.append(f"| {policy} | " + " | ".join(cells) + " |")
+    (out / "quality.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(DEFAULT_MODEL))
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--tasks", default=",".join(TASKS))
+    ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results/quality"))
+    args = ap.parse_args(argv)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    runner = task_eval.OfflineRunner(
+        args.model,
+        dict(max_model_len=512, max_num_seqs=64, kv_cache_memory_bytes=512 << 20, gpu_memory_utilization=0.3),
+    )
+    rows = []
+    try:
+        for policy in args.policies.split(","):
+            for task in args.tasks.split(","):
+                result = task_eval.evaluate_task(runner, TASKS[task], args.n, args.seed, xargs_for(policy, task))
+                rows.append({"policy": policy, "xargs": xargs_for(policy, task), **vars(result)})
+                print(f"{policy:14s} {task:10s} {result.accuracy:6.1%}  {result.tokens_per_s:7.1f} tok/s", flush=True)
+    finally:
+        runner.engine.engine_core.shutdown()
+    (args.out / "quality.json").write_text(json.dumps({"model": args.model, "n": args.n, "rows": rows}, indent=2) + "\n")
+    write_table(rows, args.out)
+    print((args.out / "quality.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

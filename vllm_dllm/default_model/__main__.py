@@ -1,0 +1,3 @@
+from vllm_dllm.default_model import PATH
+
+print(PATH)
