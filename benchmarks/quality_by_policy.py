@@ -47,13 +47,18 @@ def xargs_for(policy: str, task: str) -> dict:
 def write_table(rows: list[dict], out: pathlib.Path) -> None:
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     by_key = {(r["policy"], r["task"]): r for r in rows}
-    lines = ["| policy | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+    lines = [
+        "Exact-match accuracy [95% interval] / characters in place, per task.",
+        "",
+        "| policy | " + " | ".join(tasks) + " |",
+        "|---|" + "---|" * len(tasks),
+    ]
     for policy in dict.fromkeys(r["policy"] for r in rows):
         cells = []
         for task in tasks:
             r = by_key[(policy, task)]
             low, high = r["ci95"]
-            cells.append(f"{r['accuracy']:.1%} [{low:.0%}, {high:.0%}]")
+            cells.append(f"{r['accuracy']:.1%} [{low:.0%}, {high:.0%}] / {r['char_accuracy']:.0%}")
         lines.append(f"| {policy} | " + " | ".join(cells) + " |")
     (out / "quality.md").write_text("\n".join(lines) + "\n")
 
@@ -79,7 +84,8 @@ def main(argv=None) -> int:
             for task in args.tasks.split(","):
                 result = task_eval.evaluate_task(runner, TASKS[task], args.n, args.seed, xargs_for(policy, task))
                 rows.append({"policy": policy, "xargs": xargs_for(policy, task), **vars(result)})
-                print(f"{policy:14s} {task:10s} {result.accuracy:6.1%}  {result.tokens_per_s:7.1f} tok/s", flush=True)
+                print(f"{policy:14s} {task:10s} {result.accuracy:6.1%}  chars {result.char_accuracy:6.1%}"
+                      f"  {result.tokens_per_s:7.1f} tok/s", flush=True)
     finally:
         runner.engine.engine_core.shutdown()
     (args.out / "quality.json").write_text(json.dumps({"model": args.model, "n": args.n, "rows": rows}, indent=2) + "\n")

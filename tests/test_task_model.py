@@ -11,12 +11,14 @@ so that a correct engine never fails on an unlucky slice.
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
+from tests import oracle
 from vllm_dllm import eval as task_eval
 from vllm_dllm.default_model import PATH
-from vllm_dllm.tasks import TASKS
+from vllm_dllm.tasks import TASKS, TEST
 
 N = 20
 # Minimum correct answers out of N.
@@ -51,3 +53,31 @@ def test_exact_decoding_solves_held_out_instances(runner, name):
     # everything up to its end-of-turn is committed, so at most one step per position.
     assert result.steps_per_token >= 1.0
     assert result.denoising_steps <= N * TASKS[name].gen_length
+
+
+@pytest.mark.parametrize("cache", ["none", "dual"])
+def test_plugin_matches_the_oracle_on_the_trained_model(runner, cache):
+    # Token for token against the independent reference, on real task prompts and the
+    # real trained weights (float32 on both sides), exact and with the dual cache.
+    from vllm import SamplingParams
+
+    config = json.loads((PATH / "config.json").read_text())
+    eot, eos = json.loads((PATH / "generation_config.json").read_text())["eos_token_id"]
+    model = oracle.load_oracle(str(PATH))
+    rng = random.Random(7)
+    compared = 0
+    for name, block in (("addition", 4), ("copy", 8)):
+        task = TASKS[name]
+        prompts = [runner.prompt_ids(task.sample(rng, TEST).prompt) for _ in range(2)]
+        xargs = {"steps": task.gen_length, "block_length": block, "cache": cache}
+        outs = runner.generate(prompts, SamplingParams(max_tokens=task.gen_length, temperature=0.0, extra_args=xargs))
+        for prompt, out in zip(prompts, outs):
+            want = oracle.llada_generate(
+                model, prompt, gen_length=task.gen_length, steps=task.gen_length, block_length=block,
+                mask_id=config["mask_token_id"], eos_id=eos, eot_id=eot, cache=cache,
+            )
+            if want.ties:
+                continue
+            assert list(out.token_ids) == oracle.trim_at_eos(want.tokens, {eot, eos}), f"{name} ({cache})"
+            compared += 1
+    assert compared >= 3

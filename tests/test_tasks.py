@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from vllm_dllm.tasks import TASKS, TEST, TRAIN, _split_of, score
+from vllm_dllm.tasks import TASKS, TEST, TRAIN, Instance, _split_of, char_score, score
 from vllm_dllm.training.checkpoint import build_tokenizer
 
 
@@ -66,3 +66,11 @@ def test_wilson_interval_brackets_the_observed_rate():
     assert 0.75 < low < 0.95 < high <= 1.0
     assert wilson(0, 20)[0] == 0.0 and 0.0 < wilson(0, 20)[1] < 0.2
     assert wilson(0, 0) == (0.0, 1.0)
+
+
+def test_char_score_gives_positional_partial_credit():
+    inst = Instance("copy", "copy ABCD", "ABCD")
+    assert char_score(inst, "ABCD") == 1.0
+    assert char_score(inst, " ABXD\n") == 0.75
+    assert char_score(inst, "BCD") == 0.0  # shifted by one: nothing in place
+    assert char_score(inst, "AB") == 0.5 and char_score(inst, "") == 0.0

@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from vllm_dllm.default_model import PATH as DEFAULT_MODEL
-from vllm_dllm.tasks import TASKS, TEST, Instance, Task, score
+from vllm_dllm.tasks import TASKS, TEST, Instance, Task, char_score, score
 
 
 
@@ -31,6 +31,7 @@ class TaskResult:
     correct: int
     accuracy: float
     ci95: tuple[float, float]
+    char_accuracy: float
     tokens_per_s: float
     steps_per_token: float | None
     denoising_steps: int | None
@@ -78,28 +79,34 @@ class OfflineRunner:
         value = prometheus_client.REGISTRY.get_sample_value("vllm:diffusion_num_denoising_steps_total", self.labels)
         return value or 0.0
 
-    def run(self, task: Task, items: list[Instance], xargs: dict) -> tuple[list[str], int, int | None]:
-        from vllm import SamplingParams
+    def prompt_ids(self, text: str) -> list[int]:
+        chat = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
+        # The template already holds the special tokens (LLaDA's convention).
+        return list(self.tokenizer.encode(chat, add_special_tokens=False))
 
-        params = SamplingParams(max_tokens=task.gen_length, temperature=0.0, extra_args=exact_xargs(task, xargs))
-        before = self._steps()
+    def generate(self, prompts: list[list[int]], params) -> list:
+        """Completion outputs of `prompts` (token ids), in order."""
         order = []
-        for item in items:
-            text = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": item.prompt}], tokenize=False, add_generation_prompt=True
-            )
-            # The template already holds the special tokens (LLaDA's convention).
-            prompt = self.tokenizer.encode(text, add_special_tokens=False)
+        for prompt in prompts:
             req_id = f"eval-{self._next_id}"
             self._next_id += 1
             order.append(req_id)
-            self.engine.add_request(req_id, {"prompt_token_ids": list(prompt)}, params)
+            self.engine.add_request(req_id, {"prompt_token_ids": prompt}, params)
         done: dict[str, object] = {}
         while self.engine.has_unfinished_requests():
             for out in self.engine.step():
                 if out.finished:
                     done[out.request_id] = out
-        outs = [done[req_id].outputs[0] for req_id in order]
+        return [done[req_id].outputs[0] for req_id in order]
+
+    def run(self, task: Task, items: list[Instance], xargs: dict) -> tuple[list[str], int, int | None]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=task.gen_length, temperature=0.0, extra_args=exact_xargs(task, xargs))
+        before = self._steps()
+        outs = self.generate([self.prompt_ids(item.prompt) for item in items], params)
         tokens = sum(len(o.token_ids) for o in outs)
         return [o.text for o in outs], tokens, int(self._steps() - before)
 
@@ -161,6 +168,7 @@ def evaluate_task(runner, task: Task, n: int, seed: int, xargs: dict) -> TaskRes
         correct=correct,
         accuracy=correct / n if n else 0.0,
         ci95=wilson(correct, n),
+        char_accuracy=sum(char_score(i, t) for i, t in zip(items, texts)) / n if n else 0.0,
         tokens_per_s=tokens / wall if wall > 0 else 0.0,
         steps_per_token=(steps / tokens) if steps is not None and tokens else None,
         denoising_steps=steps,
@@ -198,7 +206,7 @@ def main(argv=None) -> int:
         steps = f"{result.steps_per_token:.2f}" if result.steps_per_token is not None else "n/a"
         print(
             f"{task.name:10s} accuracy {result.accuracy:6.1%}  95% CI [{result.ci95[0]:.1%}, {result.ci95[1]:.1%}]"
-            f"  n={result.n}  {result.tokens_per_s:7.1f} tok/s  {steps} steps/token",
+            f"  chars {result.char_accuracy:6.1%}  n={result.n}  {result.tokens_per_s:7.1f} tok/s  {steps} steps/token",
             flush=True,
         )
     args.out.write_text(json.dumps({"xargs": xargs, "results": [asdict(r) for r in results]}, indent=2) + "\n")

@@ -130,3 +130,11 @@ def get_task(name: str) -> Task:
 def score(instance: Instance, output: str) -> bool:
     """Exact match of the generated text (whitespace-trimmed) with the answer."""
     return output.strip() == instance.answer
+
+
+def char_score(instance: Instance, output: str) -> float:
+    """Fraction of the answer's characters reproduced at their position: partial
+    credit that shows a model learning before it gets whole answers right (chance is
+    about 1/26 per letter, 1/10 per digit)."""
+    answer, text = instance.answer, output.strip()
+    return sum(a == b for a, b in zip(answer, text)) / len(answer)

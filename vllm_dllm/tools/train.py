@@ -232,6 +232,12 @@ def main(argv=None) -> int:
         if not state_path.exists():
             ap.error(f"--export needs a saved state at {state_path}")
         state = torch.load(state_path, weights_only=False, map_location="cpu")
+        # The saved run's own shape, whatever this command line says.
+        saved = state["args"]
+        shape = dict(hidden=int(saved["hidden"]), layers=int(saved["layers"]), heads=int(saved["heads"]),
+                     intermediate=int(saved["intermediate"]), rope_theta=float(saved.get("rope_theta", 500000.0)))
+        model = TrainableLLaDA(ids["vocab_size"], shape["hidden"], shape["layers"], shape["heads"],
+                               shape["intermediate"], theta=shape["rope_theta"])
         model.load_state_dict(state["model"])
         export(model, args.export, ids, shape, args.max_len, tasks)
         print(f"wrote {args.export} from step {state['step']}", flush=True)
