@@ -13,6 +13,7 @@ import torch
 from tests import oracle
 from vllm_dllm.tasks import TASKS
 from vllm_dllm.tools import train
+from vllm_dllm.training.curriculum import Curriculum, task_at
 
 
 def test_train_writes_checkpoint_and_resumes(tmp_path):
@@ -77,8 +78,11 @@ def test_loss_weights_masked_tokens_by_inverse_mask_ratio():
     vocab, gen_length, mask_id = 50, 8, 49
     model = _UniformModel(4, vocab)
     ids, lengths, starts = _batch(32, 6, gen_length)
-    loss = train.diffusion_loss(model, ids, lengths, starts, gen_length, mask_id, torch.Generator().manual_seed(0))
+    loss, accuracy = train.diffusion_loss(
+        model, ids, lengths, starts, gen_length, mask_id, torch.Generator().manual_seed(0)
+    )
     assert loss.item() == pytest.approx(math.log(vocab), rel=1e-5)
+    assert 0.0 <= accuracy <= 1.0
 
 
 def test_loss_masks_only_the_canvas_and_at_least_one_position_per_row():
@@ -100,12 +104,35 @@ def test_loss_masks_only_the_canvas_and_at_least_one_position_per_row():
 
 def test_curriculum_grows_task_sizes_to_the_full_range():
     rng = random.Random(0)
-    start = train.task_at("retrieval", 0.0)
+    start = task_at("retrieval", 0.0)
     assert all(p.count(";") - 1 <= 8 for p in (start.draw(rng).prompt for _ in range(50)))
-    full = train.task_at("retrieval", 1.0)
+    full = task_at("retrieval", 1.0)
     assert (full.min_pairs, full.max_pairs) == (TASKS["retrieval"].min_pairs, TASKS["retrieval"].max_pairs)
-    copy_start, copy_full = train.task_at("reverse", 0.0), train.task_at("reverse", 2.0)
+    copy_start, copy_full = task_at("reverse", 0.0), task_at("reverse", 2.0)
     assert copy_start.max_len == 8 and copy_full.max_len == TASKS["reverse"].max_len
     inst = copy_start.draw(rng)
     assert inst.answer == inst.prompt.split()[1][::-1], "the curriculum keeps the task's transform"
-    assert train.task_at("addition", 0.5).max_digits < TASKS["addition"].max_digits
+    assert task_at("addition", 0.5).max_digits < TASKS["addition"].max_digits
+
+
+def test_adaptive_curriculum_raises_a_task_only_when_it_is_learned():
+    cur = Curriculum(["copy", "retrieval"], threshold=0.9, increment=0.25, smoothing=0.5)
+    assert cur.task("copy", 0).max_len == 8 and cur.level("retrieval", 10_000) == 0.0
+    for _ in range(20):
+        cur.observe("retrieval", 0.5)  # never good enough: stays small
+    raised = [cur.observe("copy", 1.0) for _ in range(4)]
+    assert raised == [False, False, False, True] and cur.levels["copy"] == 0.25
+    assert cur.levels["retrieval"] == 0.0
+    for _ in range(40):
+        cur.observe("copy", 1.0)
+    assert cur.levels["copy"] == 1.0 and cur.task("copy", 0).max_len == TASKS["copy"].max_len
+    restored = Curriculum(["copy", "retrieval"], threshold=0.9)
+    restored.load_state_dict(cur.state_dict())
+    assert restored.levels == cur.levels
+
+
+def test_linear_curriculum_and_no_curriculum():
+    assert Curriculum(["copy"], linear_steps=100).level("copy", 50) == 0.5
+    assert Curriculum(["copy"]).task("copy", 0).min_len == TASKS["copy"].min_len
+    with pytest.raises(ValueError):
+        Curriculum(["copy"], linear_steps=10, threshold=0.9)

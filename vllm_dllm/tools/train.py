@@ -24,7 +24,8 @@ import torch.nn.functional as F
 
 from vllm_dllm.decoding.base import SpecialIds, make_rule
 from vllm_dllm.options import LLADA, LLaDAOptions
-from vllm_dllm.tasks import TASKS, TEST, TRAIN, Addition, Copy, Retrieval, Task, score
+from vllm_dllm.tasks import TASKS, TEST, TRAIN, Task, score
+from vllm_dllm.training.curriculum import Curriculum
 from vllm_dllm.training.checkpoint import build_tokenizer, write_checkpoint
 from vllm_dllm.training.model import TrainableLLaDA
 
@@ -74,7 +75,8 @@ def pack(prompts: list[list[int]], canvases: list[list[int]], pad: int):
     return ids, lengths, starts
 
 
-def diffusion_loss(model, ids, lengths, starts, gen_length: int, mask_id: int, gen: torch.Generator):
+def diffusion_loss(model, ids, lengths, starts, gen_length: int, mask_id: int, gen: torch.Generator,
+                   pad_id: int | None = None) -> tuple[torch.Tensor, float]:
     """LLaDA's masked-diffusion SFT loss, in the estimator LLaDA itself uses for likelihoods.
 
     Each row masks exactly k ~ U{1..G} of its G canvas positions (mask ratio t = k/G,
@@ -83,6 +85,9 @@ def diffusion_loss(model, ids, lengths, starts, gen_length: int, mask_id: int, g
     weight never exceeds G: with t drawn continuously, rows with t near 0 carry weights
     of hundreds on a single token, and after gradient clipping one such row decides the
     whole step (the first training run stalled on exactly that).
+
+    Returns the loss and the argmax accuracy on masked positions other than `pad_id`
+    (the answer and its end-of-turn, not the EOS padding).
     """
     b = ids.shape[0]
     strata = ((torch.arange(b) + torch.rand(b, generator=gen)) / b)[torch.randperm(b, generator=gen)]
@@ -98,26 +103,14 @@ def diffusion_loss(model, ids, lengths, starts, gen_length: int, mask_id: int, g
     hidden = model.hidden(noisy.to(device), lengths.to(device))
     # Logits only where the loss is taken: the prompt never needs them.
     picked = model.logits(hidden[row_m.to(device), pos_m.to(device)]).float()
-    ce = F.cross_entropy(picked, ids[row_m, pos_m].to(device), reduction="none")
+    target = ids[row_m, pos_m].to(device)
+    ce = F.cross_entropy(picked, target, reduction="none")
     weights = (gen_length / k.float())[row_m].to(device)
-    return (ce * weights).sum() / (b * gen_length)
-
-
-def task_at(name: str, progress: float) -> Task:
-    """The task with its sizes grown linearly from small to the full range as progress
-    goes 0 -> 1: short copies and few retrieval pairs teach the reading mechanism in
-    cheap steps before the long contexts."""
-    def grow(small: int, full: int) -> int:
-        return round(small + (full - small) * min(1.0, progress))
-
-    full = TASKS[name]
-    if isinstance(full, Retrieval):
-        return Retrieval(grow(2, full.min_pairs), grow(8, full.max_pairs))
-    if isinstance(full, Addition):
-        return Addition(grow(3, full.max_digits))
-    if isinstance(full, Copy):
-        return type(full)(grow(2, full.min_len), grow(8, full.max_len))
-    return full
+    answer = target != pad_id if pad_id is not None else torch.ones_like(target, dtype=torch.bool)
+    with torch.no_grad():
+        hits = (picked.argmax(-1) == target)[answer]
+        accuracy = hits.float().mean().item() if hits.numel() else 0.0
+    return (ce * weights).sum() / (b * gen_length), accuracy
 
 
 @torch.no_grad()
@@ -150,9 +143,10 @@ def evaluate(model, task: Task, encoder: Encoder, n: int, seed: int) -> float:
     return correct / n
 
 
-def save_state(path: pathlib.Path, model, optim, data_rng, noise, step: int, args) -> None:
+def save_state(path: pathlib.Path, model, optim, data_rng, noise, step: int, args, curriculum: Curriculum) -> None:
     state = {
         "model": model.state_dict(), "optim": optim.state_dict(), "data_rng": data_rng.getstate(),
+        "curriculum": curriculum.state_dict(),
         "noise": noise.get_state(), "step": step, "args": {k: str(v) for k, v in vars(args).items()},
     }
     torch.save(state, path.with_suffix(".tmp"))
@@ -184,11 +178,16 @@ def main(argv=None) -> int:
     ap.add_argument("--rope-theta", type=float, default=500000.0)
     ap.add_argument("--intermediate", type=int, default=768)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--embedding-std", type=float, default=None,
+                    help="initial std of the token embeddings (default 0.02)")
     ap.add_argument("--batch-scale", type=float, default=1.0, help="multiply every task's batch size")
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--curriculum-steps", type=int, default=0,
-                    help="grow task sizes from small to the full range over this many steps (0: full range)")
+                    help="grow task sizes from small to the full range over this many steps")
+    ap.add_argument("--curriculum-threshold", type=float, default=0.0,
+                    help="adaptive curriculum: raise a task's sizes a tenth of the way whenever its running "
+                         "masked-answer accuracy passes this (e.g. 0.9)")
     ap.add_argument("--tasks", default="retrieval,addition,copy,reverse")
     ap.add_argument("--eval-every", type=int, default=200)
     ap.add_argument("--eval-n", type=int, default=32)
@@ -215,9 +214,13 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed)
     model = TrainableLLaDA(ids["vocab_size"], args.hidden, args.layers, args.heads, args.intermediate,
                            theta=args.rope_theta).to(args.device)
+    if args.embedding_std is not None:
+        torch.nn.init.normal_(model.model.transformer.wte.weight, std=args.embedding_std)
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     data_rng = random.Random(args.seed)
     noise = torch.Generator().manual_seed(args.seed)
+    curriculum = Curriculum([t.name for t in tasks], linear_steps=args.curriculum_steps,
+                            threshold=args.curriculum_threshold)
     step = 0
     state_path = args.out / "state.pt"
     if args.resume and state_path.exists():
@@ -226,6 +229,8 @@ def main(argv=None) -> int:
         optim.load_state_dict(state["optim"])
         data_rng.setstate(state["data_rng"])
         noise.set_state(state["noise"])
+        if "curriculum" in state:
+            curriculum.load_state_dict(state["curriculum"])
         step = state["step"]
         print(f"resumed at step {step}", flush=True)
     if args.export is not None:
@@ -252,38 +257,42 @@ def main(argv=None) -> int:
         if args.minutes is not None and time.time() - start > args.minutes * 60:
             break
         task = tasks[step % len(tasks)]
-        if args.curriculum_steps:
-            task = task_at(task.name, step / args.curriculum_steps)
+        task = curriculum.task(task.name, step)
         _, prompts, canvases = make_batch(task, encoder, data_rng, max(2, round(BATCH_SIZES[task.name] * args.batch_scale)))
         batch, lengths, starts = pack(prompts, canvases, ids["eos"])
         for group in optim.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
         # float32 throughout: on this CPU bf16 autocast measured slower (1.9 vs 1.4 s
         # per retrieval batch).
-        loss = diffusion_loss(model, batch, lengths, starts, task.gen_length, ids["mask"], noise)
+        loss, answer_accuracy = diffusion_loss(
+            model, batch, lengths, starts, task.gen_length, ids["mask"], noise, pad_id=ids["eos"]
+        )
         optim.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optim.step()
         step += 1
-        record = {"step": step, "task": task.name, "loss": round(loss.item(), 4), "elapsed_s": round(time.time() - start, 1)}
+        record = {"step": step, "task": task.name, "loss": round(loss.item(), 4),
+                  "answer_accuracy": round(answer_accuracy, 3), "elapsed_s": round(time.time() - start, 1)}
+        if curriculum.observe(task.name, answer_accuracy):
+            record["level"] = curriculum.levels[task.name]
         if step % args.eval_every == 0 or step == args.steps:
             model.eval()
             record["accuracy"] = {t.name: evaluate(model, t, encoder, args.eval_n, seed=1) for t in tasks}
-            if args.curriculum_steps and step < args.curriculum_steps:
+            if any(curriculum.level(t.name, step) < 1.0 for t in tasks):
                 # Progress on the sizes being trained, before the full range is reached.
                 record["accuracy_at_curriculum_sizes"] = {
-                    t.name: evaluate(model, task_at(t.name, step / args.curriculum_steps), encoder, args.eval_n, seed=1)
+                    t.name: evaluate(model, curriculum.task(t.name, step), encoder, args.eval_n, seed=1)
                     for t in tasks
                 }
             model.train()
         log.write(json.dumps(record) + "\n")
         log.flush()
-        if step % 20 == 0 or "accuracy" in record:
+        if step % 20 == 0 or "accuracy" in record or "level" in record:
             print(json.dumps(record), flush=True)
         if step % args.save_every == 0:
-            save_state(state_path, model, optim, data_rng, noise, step, args)
-    save_state(state_path, model, optim, data_rng, noise, step, args)
+            save_state(state_path, model, optim, data_rng, noise, step, args, curriculum)
+    save_state(state_path, model, optim, data_rng, noise, step, args, curriculum)
     export(model, args.out / "model", ids, shape, args.max_len, tasks)
     print(f"wrote {args.out / 'model'} after {step} steps", flush=True)
     return 0

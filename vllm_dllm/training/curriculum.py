@@ -1,0 +1,66 @@
+"""Task-size curricula: short copies and few retrieval pairs before the full ranges.
+
+Small instances teach the reading mechanisms (find the matching position in the
+prompt, copy what is there) in cheap steps with few distractors.  Sizes grow from a
+level in [0, 1]: linearly with the step (`linear_steps`), or per task once the running
+accuracy on that task's masked answer tokens passes `threshold` (adaptive), since when
+a task's mechanism forms cannot be planned in advance.
+"""
+
+from __future__ import annotations
+
+from vllm_dllm.tasks import TASKS, Addition, Copy, Retrieval, Task
+
+
+def task_at(name: str, level: float) -> Task:
+    """The task with its sizes interpolated from small (level 0) to the full range (1)."""
+
+    def grow(small: int, full: int) -> int:
+        return round(small + (full - small) * min(1.0, max(0.0, level)))
+
+    full = TASKS[name]
+    if isinstance(full, Retrieval):
+        return Retrieval(grow(2, full.min_pairs), grow(8, full.max_pairs))
+    if isinstance(full, Addition):
+        return Addition(grow(3, full.max_digits))
+    if isinstance(full, Copy):
+        return type(full)(grow(2, full.min_len), grow(8, full.max_len))
+    return full
+
+
+class Curriculum:
+    def __init__(self, names: list[str], *, linear_steps: int = 0, threshold: float = 0.0,
+                 increment: float = 0.1, smoothing: float = 0.9):
+        if linear_steps and threshold:
+            raise ValueError("choose a linear or an adaptive curriculum, not both")
+        self.linear_steps, self.threshold = linear_steps, threshold
+        self.increment, self.smoothing = increment, smoothing
+        adaptive = threshold > 0
+        self.levels = {n: 0.0 if adaptive or linear_steps else 1.0 for n in names}
+        self.running = {n: 0.0 for n in names}
+
+    def level(self, name: str, step: int) -> float:
+        if self.linear_steps:
+            return min(1.0, step / self.linear_steps)
+        return self.levels[name]
+
+    def task(self, name: str, step: int) -> Task:
+        return task_at(name, self.level(name, step))
+
+    def observe(self, name: str, accuracy: float) -> bool:
+        """Record a training batch's masked-answer accuracy; True when the level rose."""
+        if not self.threshold or self.levels[name] >= 1.0:
+            return False
+        self.running[name] = self.smoothing * self.running[name] + (1 - self.smoothing) * accuracy
+        if self.running[name] < self.threshold:
+            return False
+        self.levels[name] = min(1.0, round(self.levels[name] + self.increment, 6))
+        self.running[name] = 0.0  # earn the next level at the new sizes
+        return True
+
+    def state_dict(self) -> dict:
+        return {"levels": dict(self.levels), "running": dict(self.running)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.levels.update(state["levels"])
+        self.running.update(state["running"])
