@@ -44,9 +44,10 @@ def test_train_writes_checkpoint_and_resumes(tmp_path):
     assert len(result.tokens) == 8
 
     exported = tmp_path / "exported"
-    # The saved run's shape wins over the command line's.
-    assert train.main(["--out", str(out), "--hidden", "256", "--export", str(exported)]) == 0
-    assert (exported / "model.safetensors").read_bytes() == (model_dir / "model.safetensors").read_bytes()
+    # The saved run's shape and tasks win over the command line's.
+    assert train.main(["--out", str(out), "--hidden", "256", "--tasks", "retrieval", "--export", str(exported)]) == 0
+    for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json"):
+        assert (exported / name).read_bytes() == (model_dir / name).read_bytes(), name
 
 
 class _UniformModel(torch.nn.Module):
@@ -58,7 +59,7 @@ class _UniformModel(torch.nn.Module):
         torch.nn.init.zeros_(self.head.weight)
         self.hidden_size, self.seen = hidden, None
 
-    def hidden(self, ids, lengths):
+    def hidden_states(self, ids, lengths):
         self.seen = ids.clone()
         return torch.ones(*ids.shape, self.hidden_size)
 
@@ -126,9 +127,11 @@ def test_adaptive_curriculum_raises_a_task_only_when_it_is_learned():
     for _ in range(40):
         cur.observe("copy", 1.0)
     assert cur.levels["copy"] == 1.0 and cur.task("copy", 0).max_len == TASKS["copy"].max_len
-    restored = Curriculum(["copy", "retrieval"], threshold=0.9)
+    restored = Curriculum(["copy", "retrieval"], threshold=0.9, increment=0.25, smoothing=0.5)
     restored.load_state_dict(cur.state_dict())
-    assert restored.levels == cur.levels
+    assert restored.levels == cur.levels and restored.running == cur.running
+    with pytest.raises(ValueError, match="curriculum"):
+        Curriculum(["copy", "retrieval"]).load_state_dict(cur.state_dict())
 
 
 def test_linear_curriculum_and_no_curriculum():
@@ -136,3 +139,19 @@ def test_linear_curriculum_and_no_curriculum():
     assert Curriculum(["copy"]).task("copy", 0).min_len == TASKS["copy"].min_len
     with pytest.raises(ValueError):
         Curriculum(["copy"], linear_steps=10, threshold=0.9)
+
+
+def test_resume_keeps_the_adaptive_curriculum_and_refuses_another(tmp_path):
+    out = tmp_path / "run"
+    common = ["--out", str(out), "--hidden", "64", "--layers", "1", "--heads", "1", "--intermediate", "96",
+              "--tasks", "addition", "--eval-every", "1000", "--save-every", "1", "--threads", "1"]
+    assert train.main([*common, "--steps", "3", "--curriculum-threshold", "0.9"]) == 0
+    state = torch.load(out / "state.pt", weights_only=False)
+    assert state["curriculum"]["levels"] == {"addition": 0.0}
+    state["curriculum"]["levels"]["addition"] = 0.5  # as if earned
+    torch.save(state, out / "state.pt")
+    assert train.main([*common, "--steps", "4", "--resume", "--curriculum-threshold", "0.9"]) == 0
+    resumed = torch.load(out / "state.pt", weights_only=False)["curriculum"]["levels"]
+    assert resumed["addition"] >= 0.5, "the earned level survives the resume"
+    with pytest.raises(SystemExit):  # resumed without the curriculum it was trained with
+        train.main([*common, "--steps", "5", "--resume"])

@@ -4,8 +4,9 @@
         [--model DIR] [--xargs JSON] [--base-url URL] [--out results.json]
 
 Offline (vLLM's `LLM` with the plugin) by default, or against a running server with
-`--base-url`.  Prints exact-match accuracy with a 95% Wilson interval, committed
-tokens per second and denoising steps per token, and writes JSON.  The default
+`--base-url`.  Prints exact-match accuracy with a 95% Wilson interval, the fraction of
+answer characters in place (partial credit), committed tokens per second and denoising
+steps per token, and writes JSON.  The default
 decoding is exact: steps = generation length, one block, low-confidence remasking.
 """
 
@@ -21,7 +22,6 @@ from dataclasses import asdict, dataclass
 
 from vllm_dllm.default_model import PATH as DEFAULT_MODEL
 from vllm_dllm.tasks import TASKS, TEST, Instance, Task, char_score, score
-
 
 
 @dataclass
@@ -180,7 +180,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", default="all", choices=[*TASKS, "all"])
     ap.add_argument("--n", type=int, default=100)
-    ap.add_argument("--model", default=None, help="checkpoint folder (default: the bundled model)")
+    ap.add_argument("--model", default=None, help="checkpoint folder (default: the bundled model); with --base-url, the served model name")
     ap.add_argument("--xargs", default="{}", help="diffusion options as JSON, e.g. '{\"steps\": 4}'")
     ap.add_argument("--base-url", default=None, help="evaluate a running server instead")
     ap.add_argument("--seed", type=int, default=0)

@@ -2,12 +2,14 @@
 
     python -m vllm_dllm.tools.train --out runs/task-model --minutes 40
 
-Masked-diffusion SFT as LLaDA does it: the prompt stays clean, each canvas position
-(answer, <|eot_id|>, EOS padding) is masked with probability t ~ U(0, 1) (stratified
-over the batch), and the loss is the cross-entropy on masked positions weighted by 1/t.  Fixed seeds; every
-`--save-every` steps the full state (model, optimizer, RNGs) is saved so a stopped
-run resumes with `--resume`.  Loss and held-out accuracy go to OUT/train_log.jsonl;
-the final model is written to OUT/model as an unmodified LLaDA checkpoint.
+Masked-diffusion SFT as LLaDA does it: the prompt stays clean, a mask ratio t is drawn
+per row over the canvas (answer, <|eot_id|>, EOS padding) and the loss is the
+cross-entropy on masked positions weighted by 1/t (see `diffusion_loss`).  Task sizes
+may follow a curriculum (vllm_dllm/training/curriculum.py).  Fixed seeds; every
+`--save-every` steps the full state (model, optimizer, RNGs, curriculum) is saved so a
+stopped run resumes with `--resume`.  Loss and held-out accuracy go to
+OUT/train_log.jsonl; the final model is written to OUT/model as an unmodified LLaDA
+checkpoint, and `--export DIR` writes one from the last saved state.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ import torch.nn.functional as F
 from vllm_dllm.decoding.base import SpecialIds, make_rule
 from vllm_dllm.options import LLADA, LLaDAOptions
 from vllm_dllm.tasks import TASKS, TEST, TRAIN, Task, score
-from vllm_dllm.training.curriculum import Curriculum
 from vllm_dllm.training.checkpoint import build_tokenizer, write_checkpoint
+from vllm_dllm.training.curriculum import Curriculum
 from vllm_dllm.training.model import TrainableLLaDA
 
 CHAT_PREFIX = "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\n"
@@ -76,7 +78,7 @@ def pack(prompts: list[list[int]], canvases: list[list[int]], pad: int):
 
 
 def diffusion_loss(model, ids, lengths, starts, gen_length: int, mask_id: int, gen: torch.Generator,
-                   pad_id: int | None = None) -> tuple[torch.Tensor, float]:
+                   pad_id: int | None = None) -> tuple[torch.Tensor, float | None]:
     """LLaDA's masked-diffusion SFT loss, in the estimator LLaDA itself uses for likelihoods.
 
     Each row masks exactly k ~ U{1..G} of its G canvas positions (mask ratio t = k/G,
@@ -87,7 +89,8 @@ def diffusion_loss(model, ids, lengths, starts, gen_length: int, mask_id: int, g
     whole step (the first training run stalled on exactly that).
 
     Returns the loss and the argmax accuracy on masked positions other than `pad_id`
-    (the answer and its end-of-turn, not the EOS padding).
+    (the answer and its end-of-turn, not the EOS padding; None when none was masked).
+    The end-of-turn counts: placing it is knowing the answer's length.
     """
     b = ids.shape[0]
     strata = ((torch.arange(b) + torch.rand(b, generator=gen)) / b)[torch.randperm(b, generator=gen)]
@@ -100,7 +103,7 @@ def diffusion_loss(model, ids, lengths, starts, gen_length: int, mask_id: int, g
     noisy = ids.clone()
     noisy[row_m, pos_m] = mask_id
     device = next(model.parameters()).device
-    hidden = model.hidden(noisy.to(device), lengths.to(device))
+    hidden = model.hidden_states(noisy.to(device), lengths.to(device))
     # Logits only where the loss is taken: the prompt never needs them.
     picked = model.logits(hidden[row_m.to(device), pos_m.to(device)]).float()
     target = ids[row_m, pos_m].to(device)
@@ -109,7 +112,7 @@ def diffusion_loss(model, ids, lengths, starts, gen_length: int, mask_id: int, g
     answer = target != pad_id if pad_id is not None else torch.ones_like(target, dtype=torch.bool)
     with torch.no_grad():
         hits = (picked.argmax(-1) == target)[answer]
-        accuracy = hits.float().mean().item() if hits.numel() else 0.0
+        accuracy = hits.float().mean().item() if hits.numel() else None
     return (ce * weights).sum() / (b * gen_length), accuracy
 
 
@@ -167,6 +170,22 @@ def export(model, out: pathlib.Path, ids: dict, shape: dict, max_len: int, tasks
     write_checkpoint(out, cpu_weights, ids, shape, max_len=max_len, generation=generation)
 
 
+def export_saved(state_path: pathlib.Path, out: pathlib.Path) -> int:
+    """Write the checkpoint of a saved state, shaped by the saved run's own arguments
+    (width, positions, context length, tasks), whatever the command line says."""
+    state = torch.load(state_path, weights_only=False, map_location="cpu")
+    saved = state["args"]
+    shape = dict(hidden=int(saved["hidden"]), layers=int(saved["layers"]), heads=int(saved["heads"]),
+                 intermediate=int(saved["intermediate"]), rope_theta=float(saved.get("rope_theta", 500000.0)))
+    max_len = int(saved["max_len"])
+    ids = build_tokenizer(state_path.parent / "tokenizer", max_len)
+    model = TrainableLLaDA(ids["vocab_size"], shape["hidden"], shape["layers"], shape["heads"],
+                           shape["intermediate"], theta=shape["rope_theta"])
+    model.load_state_dict(state["model"])
+    export(model, out, ids, shape, max_len, [TASKS[name] for name in saved["tasks"].split(",")])
+    return state["step"]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=pathlib.Path)
@@ -202,6 +221,13 @@ def main(argv=None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.export is not None:
+        state_path = args.out / "state.pt"
+        if not state_path.exists():
+            ap.error(f"--export needs a saved state at {state_path}")
+        step = export_saved(state_path, args.export)
+        print(f"wrote {args.export} from step {step}", flush=True)
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     tok_dir = args.out / "tokenizer"
     tok_dir.mkdir(exist_ok=True)
@@ -230,23 +256,12 @@ def main(argv=None) -> int:
         data_rng.setstate(state["data_rng"])
         noise.set_state(state["noise"])
         if "curriculum" in state:
-            curriculum.load_state_dict(state["curriculum"])
+            try:
+                curriculum.load_state_dict(state["curriculum"])
+            except ValueError as exc:
+                ap.error(f"--resume: {exc}")
         step = state["step"]
         print(f"resumed at step {step}", flush=True)
-    if args.export is not None:
-        if not state_path.exists():
-            ap.error(f"--export needs a saved state at {state_path}")
-        state = torch.load(state_path, weights_only=False, map_location="cpu")
-        # The saved run's own shape, whatever this command line says.
-        saved = state["args"]
-        shape = dict(hidden=int(saved["hidden"]), layers=int(saved["layers"]), heads=int(saved["heads"]),
-                     intermediate=int(saved["intermediate"]), rope_theta=float(saved.get("rope_theta", 500000.0)))
-        model = TrainableLLaDA(ids["vocab_size"], shape["hidden"], shape["layers"], shape["heads"],
-                               shape["intermediate"], theta=shape["rope_theta"])
-        model.load_state_dict(state["model"])
-        export(model, args.export, ids, shape, args.max_len, tasks)
-        print(f"wrote {args.export} from step {state['step']}", flush=True)
-        return 0
     params = sum(p.numel() for p in model.parameters())
     log = (args.out / "train_log.jsonl").open("a")
     print(f"{params / 1e6:.2f}M parameters; vocab {ids['vocab_size']}", flush=True)
@@ -258,7 +273,9 @@ def main(argv=None) -> int:
             break
         task = tasks[step % len(tasks)]
         task = curriculum.task(task.name, step)
-        _, prompts, canvases = make_batch(task, encoder, data_rng, max(2, round(BATCH_SIZES[task.name] * args.batch_scale)))
+        # At least two rows: the mask ratios are stratified over the batch.
+        size = max(2, round(BATCH_SIZES[task.name] * args.batch_scale))
+        _, prompts, canvases = make_batch(task, encoder, data_rng, size)
         batch, lengths, starts = pack(prompts, canvases, ids["eos"])
         for group in optim.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
@@ -273,8 +290,9 @@ def main(argv=None) -> int:
         optim.step()
         step += 1
         record = {"step": step, "task": task.name, "loss": round(loss.item(), 4),
-                  "answer_accuracy": round(answer_accuracy, 3), "elapsed_s": round(time.time() - start, 1)}
-        if curriculum.observe(task.name, answer_accuracy):
+                  "answer_accuracy": None if answer_accuracy is None else round(answer_accuracy, 3),
+                  "elapsed_s": round(time.time() - start, 1)}
+        if answer_accuracy is not None and curriculum.observe(task.name, answer_accuracy):
             record["level"] = curriculum.levels[task.name]
         if step % args.eval_every == 0 or step == args.steps:
             model.eval()

@@ -58,9 +58,17 @@ class Curriculum:
         self.running[name] = 0.0  # earn the next level at the new sizes
         return True
 
+    def _settings(self) -> dict:
+        return {"linear_steps": self.linear_steps, "threshold": self.threshold, "increment": self.increment}
+
     def state_dict(self) -> dict:
-        return {"levels": dict(self.levels), "running": dict(self.running)}
+        return {"settings": self._settings(), "levels": dict(self.levels), "running": dict(self.running)}
 
     def load_state_dict(self, state: dict) -> None:
+        saved = state.get("settings", self._settings())
+        if saved != self._settings():
+            # Levels earned under one schedule mean nothing under another (an adaptive
+            # run resumed without its threshold would stay small forever).
+            raise ValueError(f"the saved run used curriculum {saved}, this command asks for {self._settings()}")
         self.levels.update(state["levels"])
         self.running.update(state["running"])

@@ -92,7 +92,7 @@ class TrainableLLaDA(nn.Module):
             block.attn_out.weight.data.mul_(0.5 / len(self.model.transformer.blocks) ** 0.5)
             block.ff_out.weight.data.mul_(0.5 / len(self.model.transformer.blocks) ** 0.5)
 
-    def hidden(self, ids: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+    def hidden_states(self, ids: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         """Final hidden states [B, L, H]; `lengths` masks right padding out of the keys."""
         t = self.model.transformer
         key_mask = None
@@ -108,4 +108,4 @@ class TrainableLLaDA(nn.Module):
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [B, L, V]."""
-        return self.logits(self.hidden(ids, lengths))
+        return self.logits(self.hidden_states(ids, lengths))
