@@ -1,11 +1,12 @@
-"""The shipped task model, decoded through the plugin, solves its tasks.
+"""The shipped task model, decoded through the plugin, does what it was trained to do.
 
 A slice of each task's held-out split runs through vLLM's engine with exact decoding
-(steps = canvas length, one block, low-confidence remasking).  Chance is about zero for
-every task (a random 16-48 symbol string, a 1-7 digit sum, one of 676 values), so the
-floors below only pass when the engine, the checkpoint loader and the decoding rule
-are all right.  They sit well under the model's measured accuracy (docs/training-log.md)
-so that a correct engine never fails on an unlucky slice.
+(steps = canvas length, one block, low-confidence remasking).  Chance is about zero
+for a whole answer (a random 16-48 symbol string, a 1-7 digit sum) and 1/26 per letter
+or 1/10 per digit in place, so the floors below only pass when the engine, the
+checkpoint loader and the decoding rule are all right.  They sit well under the
+model's measured accuracy on 500 instances (README, docs/training-log.md) so that a
+correct engine does not fail on an unlucky slice of 20.
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ from vllm_dllm.default_model import PATH
 from vllm_dllm.tasks import TASKS, TEST
 
 N = 20
-# Minimum correct answers out of N.
-FLOORS = {"retrieval": 0, "addition": 0, "copy": 0, "reverse": 0}
+# Minimum whole answers right out of N, and minimum fraction of characters in place.
+# Measured on 100 held-out instances: copy 97%, reverse 97%, addition 62% (86% of digits).
+# Retrieval is not here: the shipped model has not learned it (0%; docs/training-log.md).
+EXACT_FLOORS = {"addition": 5, "copy": 15, "reverse": 15}
+CHAR_FLOORS = {"addition": 0.6, "copy": 0.9, "reverse": 0.9}
 
 
 @pytest.fixture(scope="module")
@@ -44,11 +48,12 @@ def test_shipped_checkpoint_is_a_llada_checkpoint_with_a_task_sized_canvas():
     assert (PATH / "model.safetensors").stat().st_size < 16 << 20
 
 
-@pytest.mark.parametrize("name", list(TASKS))
-def test_exact_decoding_solves_held_out_instances(runner, name):
+@pytest.mark.parametrize("name", sorted(EXACT_FLOORS))
+def test_exact_decoding_answers_held_out_instances_well_above_chance(runner, name):
     result = task_eval.evaluate_task(runner, TASKS[name], N, seed=123, xargs={})
     assert result.n == N
-    assert result.correct >= FLOORS[name], f"{name}: {result.correct}/{N} correct"
+    assert result.correct >= EXACT_FLOORS[name], f"{name}: {result.correct}/{N} correct"
+    assert result.char_accuracy >= CHAR_FLOORS[name], f"{name}: {result.char_accuracy:.0%} characters in place"
     # Exact decoding commits one canvas position per step; a request ends as soon as
     # everything up to its end-of-turn is committed, so at most one step per position.
     assert result.steps_per_token >= 1.0
