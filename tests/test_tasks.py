@@ -48,11 +48,11 @@ def test_task_tokenizer_makes_retrieval_short_and_digits_single(tmp_path):
     inst = TASKS["retrieval"].sample(random.Random(1), TEST)
     n_pairs = inst.prompt.count("=") - 1
     encoded = tok.encode(inst.prompt, add_special_tokens=False)
-    assert len(encoded) <= 2 * n_pairs + 12
+    assert len(encoded) <= 3 * n_pairs + 12
     assert tok.decode(encoded) == inst.prompt
     query_key = inst.prompt.rsplit("\n", 1)[1].removeprefix("value of")
     assert len(tok.encode(query_key, add_special_tokens=False)) == 1
-    assert len(tok.encode(inst.answer, add_special_tokens=False)) == 1
+    assert len(tok.encode(inst.answer, add_special_tokens=False)) == 2  # two capitals
     assert tok.encode("48213", add_special_tokens=False) == [ord(c) for c in "48213"]
     assert len(tok.encode("QWERTY", add_special_tokens=False)) == 6
     assert tok.decode(tok.encode("any text, even ünïcode!", add_special_tokens=False)) == "any text, even ünïcode!"

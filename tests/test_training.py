@@ -155,3 +155,47 @@ def test_resume_keeps_the_adaptive_curriculum_and_refuses_another(tmp_path):
     assert resumed["addition"] >= 0.5, "the earned level survives the resume"
     with pytest.raises(SystemExit):  # resumed without the curriculum it was trained with
         train.main([*common, "--steps", "5", "--resume"])
+
+
+def test_task_weights_and_batch_sizes_shape_the_steps(tmp_path):
+    names = ["retrieval", "addition", "copy"]
+    cycle = train.task_cycle(names, train.parse_task_values("retrieval=3,copy=2", names, "--task-weights"))
+    assert cycle == ["retrieval", "addition", "copy", "retrieval", "copy", "retrieval"]
+    for bad in ("retrieval", "reverse=2", "copy=x", "copy=0"):
+        with pytest.raises(ValueError, match="--task-weights"):
+            train.parse_task_values(bad, names, "--task-weights")
+
+    out = tmp_path / "run"
+    common = ["--out", str(out), "--hidden", "64", "--layers", "1", "--heads", "1", "--intermediate", "96",
+              "--tasks", "addition,copy", "--eval-every", "1000", "--save-every", "100", "--threads", "1"]
+    assert train.main([*common, "--steps", "4", "--task-weights", "copy=3"]) == 0
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["task"] for r in log] == ["addition", "copy", "copy", "copy"]
+    with pytest.raises(SystemExit):
+        train.main([*common, "--steps", "1", "--batch-sizes", "copy=1"])
+
+
+def test_init_from_starts_a_new_run_from_another_runs_weights_and_levels(tmp_path):
+    shape = ["--hidden", "64", "--layers", "1", "--heads", "1", "--intermediate", "96", "--threads", "1",
+             "--tasks", "addition,copy", "--eval-every", "1000", "--save-every", "100"]
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert train.main(["--out", str(first), *shape, "--steps", "2", "--curriculum-threshold", "0.9"]) == 0
+    state = torch.load(first / "state.pt", weights_only=False)
+    state["curriculum"]["levels"]["copy"] = 0.7  # as if earned
+    torch.save(state, first / "state.pt")
+
+    # Zero steps: the new run's state is exactly what it started from.
+    assert train.main(["--out", str(second), *shape, "--steps", "0", "--curriculum-threshold", "0.9",
+                       "--init-from", str(first / "state.pt")]) == 0
+    started = torch.load(second / "state.pt", weights_only=False)
+    assert started["step"] == 0
+    for name, weight in state["model"].items():
+        assert torch.equal(started["model"][name], weight), name
+    assert started["curriculum"]["levels"] == {"addition": 0.0, "copy": 0.7}
+
+    with pytest.raises(SystemExit):  # another shape cannot take these weights
+        train.main(["--out", str(tmp_path / "third"), *shape, "--hidden", "128", "--steps", "0",
+                    "--init-from", str(first / "state.pt")])
+    with pytest.raises(SystemExit):
+        train.main(["--out", str(second), *shape, "--steps", "1", "--resume",
+                    "--init-from", str(first / "state.pt")])

@@ -6,12 +6,16 @@ content falls in the test bucket, and a generator asked for one split redraws un
 gets an instance of that split.
 
 Formats (prompt -> answer), all plain text so a curl request reads naturally:
-  retrieval  "lookup\\n;ab=cd;ef=gh;...;mn=op\\nvalue of;ef="   -> "gh"
+  retrieval  "lookup\\n;ab=CD;ef=GH;...;mn=OP\\nvalue of;ef="   -> "GH"
   addition   "add 48213+975="                                   -> "1023188"
   copy       "copy QWERTYUIOPAS"                                -> "QWERTYUIOPAS"
   reverse    "reverse QWERTYUIOPAS"                             -> "SAPOIUYTREWQ"
-Keys and values are two lowercase letters; the tokenizer makes ";xy=" and "xy" single
-tokens, so a 120-pair context is about 240 tokens.
+Keys are two lowercase letters, which the tokenizer makes one token with their
+separators (";xy="), so matching the query is matching one token; a 120-pair context
+is about 360 tokens.  Values are two capitals, one token each: the symbols copy and
+reverse also answer with.  (Values were once lowercase pairs, single tokens too: the
+model then had to learn 676 output tokens from about one answer token per row, and
+after 2500 retrieval steps it still answered at chance.)
 """
 
 from __future__ import annotations
@@ -76,7 +80,7 @@ class Retrieval(Task):
             if key not in seen:
                 seen.add(key)
                 keys.append(key)
-        values = [_pair(rng) for _ in keys]
+        values = [rng.choice(SYMBOLS) + rng.choice(SYMBOLS) for _ in keys]
         query = rng.randrange(n)
         pairs = "".join(f";{k}={v}" for k, v in zip(keys, values))
         return Instance(self.name, f"lookup\n{pairs}\nvalue of;{keys[query]}=", values[query])

@@ -156,6 +156,32 @@ def save_state(path: pathlib.Path, model, optim, data_rng, noise, step: int, arg
     path.with_suffix(".tmp").replace(path)
 
 
+def parse_task_values(text: str, names: list[str], what: str) -> dict[str, int]:
+    """`retrieval=4,addition=2` -> {"retrieval": 4, "addition": 2}; names must be trained tasks."""
+    values: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or name not in names:
+            raise ValueError(f"{what}: '{item}' is not task=N for one of the trained tasks ({', '.join(names)})")
+        try:
+            values[name] = int(value)
+        except ValueError:
+            raise ValueError(f"{what}: '{value}' in '{item}' is not a whole number") from None
+        if values[name] < 1:
+            raise ValueError(f"{what}: '{item}' must be at least 1")
+    return values
+
+
+def task_cycle(names: list[str], weights: dict[str, int]) -> list[str]:
+    """The order tasks take steps in: each name `weights[name]` times (default once),
+    interleaved so a heavily weighted task never runs long stretches alone."""
+    counts = {n: weights.get(n, 1) for n in names}
+    cycle: list[str] = []
+    for round_ in range(max(counts.values())):
+        cycle.extend(n for n in names if counts[n] > round_)
+    return cycle
+
+
 def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -186,6 +212,17 @@ def export_saved(state_path: pathlib.Path, out: pathlib.Path) -> int:
     return state["step"]
 
 
+def init_from(state_path: pathlib.Path, model, curriculum: Curriculum) -> None:
+    """Load another run's weights, and its task levels when both runs grow sizes
+    adaptively (levels say what the model has learned, so they carry over)."""
+    state = torch.load(state_path, weights_only=False, map_location="cpu")
+    model.load_state_dict(state["model"])
+    saved = state.get("curriculum")
+    # States saved before curricula recorded their settings came from adaptive runs.
+    if saved and curriculum.threshold and saved.get("settings", {"threshold": 1}).get("threshold"):
+        curriculum.levels.update({n: v for n, v in saved["levels"].items() if n in curriculum.levels})
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=pathlib.Path)
@@ -208,6 +245,14 @@ def main(argv=None) -> int:
                     help="adaptive curriculum: raise a task's sizes a tenth of the way whenever its running "
                          "masked-answer accuracy passes this (e.g. 0.9)")
     ap.add_argument("--tasks", default="retrieval,addition,copy,reverse")
+    ap.add_argument("--task-weights", default="",
+                    help="steps per task in each cycle, e.g. retrieval=4,addition=2 (others 1)")
+    ap.add_argument("--batch-sizes", default="",
+                    help="rows per batch for some tasks, e.g. retrieval=64 (others: built-in sizes "
+                         "times --batch-scale)")
+    ap.add_argument("--init-from", type=pathlib.Path, default=None,
+                    help="start from the weights (and adaptive curriculum levels) of another run's "
+                         "state.pt of the same shape; optimizer, schedule and data are new")
     ap.add_argument("--eval-every", type=int, default=200)
     ap.add_argument("--eval-n", type=int, default=32)
     ap.add_argument("--save-every", type=int, default=100)
@@ -234,6 +279,17 @@ def main(argv=None) -> int:
     ids = build_tokenizer(tok_dir, args.max_len)
     encoder = Encoder(tok_dir, ids)
     tasks = [TASKS[name] for name in args.tasks.split(",")]
+    names = [t.name for t in tasks]
+    try:
+        cycle = task_cycle(names, parse_task_values(args.task_weights, names, "--task-weights"))
+        batch_sizes = {n: max(2, round(BATCH_SIZES[n] * args.batch_scale)) for n in names}
+        batch_sizes.update(parse_task_values(args.batch_sizes, names, "--batch-sizes"))
+        if min(batch_sizes.values()) < 2:
+            raise ValueError("every batch needs at least two rows: mask ratios are stratified over the batch")
+    except ValueError as exc:
+        ap.error(str(exc))
+    if args.init_from is not None and args.resume:
+        ap.error("--init-from starts a new run; --resume continues this one: choose one")
     shape = dict(hidden=args.hidden, layers=args.layers, heads=args.heads, intermediate=args.intermediate,
                  rope_theta=args.rope_theta)
 
@@ -249,6 +305,12 @@ def main(argv=None) -> int:
                             threshold=args.curriculum_threshold)
     step = 0
     state_path = args.out / "state.pt"
+    if args.init_from is not None:
+        try:
+            init_from(args.init_from, model, curriculum)
+        except (OSError, ValueError, RuntimeError) as exc:
+            ap.error(f"--init-from {args.init_from}: {exc}")
+        print(f"initialised from {args.init_from}", flush=True)
     if args.resume and state_path.exists():
         state = torch.load(state_path, weights_only=False, map_location=args.device)
         model.load_state_dict(state["model"])
@@ -271,11 +333,8 @@ def main(argv=None) -> int:
     while step < args.steps:
         if args.minutes is not None and time.time() - start > args.minutes * 60:
             break
-        task = tasks[step % len(tasks)]
-        task = curriculum.task(task.name, step)
-        # At least two rows: the mask ratios are stratified over the batch.
-        size = max(2, round(BATCH_SIZES[task.name] * args.batch_scale))
-        _, prompts, canvases = make_batch(task, encoder, data_rng, size)
+        task = curriculum.task(cycle[step % len(cycle)], step)
+        _, prompts, canvases = make_batch(task, encoder, data_rng, batch_sizes[task.name])
         batch, lengths, starts = pack(prompts, canvases, ids["eos"])
         for group in optim.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
