@@ -2,9 +2,10 @@
 
 A slice of each task's held-out split runs through vLLM's engine with exact decoding
 (steps = canvas length, one block, low-confidence remasking).  Chance is about zero
-for a whole answer (a random 16-48 symbol string, a 1-7 digit sum) and 1/26 per letter
-or 1/10 per digit in place, so the floors below only pass when the engine, the
-checkpoint loader and the decoding rule are all right.  They sit well under the
+for a whole answer (a random 16-48 symbol string, a 1-7 digit sum, one of the 40-120
+values in the context) and 1/26 per letter or 1/10 per digit in place, so the floors
+below only pass when the engine, the checkpoint loader and the decoding rule are all
+right.  They sit well under the
 model's measured accuracy on 500 instances (README, docs/training-log.md) so that a
 correct engine does not fail on an unlucky slice of 20.
 """
@@ -23,10 +24,10 @@ from vllm_dllm.tasks import TASKS, TEST
 
 N = 20
 # Minimum whole answers right out of N, and minimum fraction of characters in place.
-# Measured on 100 held-out instances: copy 97%, reverse 97%, addition 62% (86% of digits).
-# Retrieval is not here: the shipped model has not learned it (0%; docs/training-log.md).
-EXACT_FLOORS = {"addition": 5, "copy": 15, "reverse": 15}
-CHAR_FLOORS = {"addition": 0.6, "copy": 0.9, "reverse": 0.9}
+# Measured on 500 held-out instances (README): retrieval 98.2%, addition 99.6%,
+# copy 97.6%, reverse 94.8%.
+EXACT_FLOORS = {"retrieval": 15, "addition": 15, "copy": 15, "reverse": 15}
+CHAR_FLOORS = {"retrieval": 0.9, "addition": 0.9, "copy": 0.9, "reverse": 0.9}
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +72,9 @@ def test_plugin_matches_the_oracle_on_the_trained_model(runner, cache):
     model = oracle.load_oracle(str(PATH))
     rng = random.Random(7)
     compared = 0
-    for name, block in (("addition", 4), ("copy", 8)):
+    for name, block in (("retrieval", 4), ("addition", 4), ("copy", 8)):
         task = TASKS[name]
-        prompts = [runner.prompt_ids(task.sample(rng, TEST).prompt) for _ in range(2)]
+        prompts = [runner.prompt_ids(task.sample(rng, TEST).prompt) for _ in range(3)]
         xargs = {"steps": task.gen_length, "block_length": block, "cache": cache}
         outs = runner.generate(prompts, SamplingParams(max_tokens=task.gen_length, temperature=0.0, extra_args=xargs))
         for prompt, out in zip(prompts, outs):
@@ -85,4 +86,4 @@ def test_plugin_matches_the_oracle_on_the_trained_model(runner, cache):
                 continue
             assert list(out.token_ids) == oracle.trim_at_eos(want.tokens, {eot, eos}), f"{name} ({cache})"
             compared += 1
-    assert compared >= 3
+    assert compared >= 5
