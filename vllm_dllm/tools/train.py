@@ -308,8 +308,8 @@ def main(argv=None) -> int:
     if args.init_from is not None:
         try:
             init_from(args.init_from, model, curriculum)
-        except (OSError, ValueError, RuntimeError) as exc:
-            ap.error(f"--init-from {args.init_from}: {exc}")
+        except (OSError, KeyError, ValueError, RuntimeError) as exc:
+            ap.error(f"--init-from {args.init_from}: not a saved training state of this shape ({exc!r})")
         print(f"initialised from {args.init_from}", flush=True)
     if args.resume and state_path.exists():
         state = torch.load(state_path, weights_only=False, map_location=args.device)
