@@ -4,15 +4,22 @@ Written from /work/shared/MODEL_SPEC.md (sections 1, 1b and 3) and shares no cod
 the `vllm_dllm` plugin.  Everything is plain PyTorch on the CPU, float32 by default.
 
 The reference decoders draw their randomness from one global generator.  This oracle
-follows the plugin's random-stream contract instead, re-implemented here:
+follows the plugin's random-stream contract instead (vllm_dllm/engine/philox.py),
+re-implemented here with numpy's unsigned 64-bit arithmetic:
 
-    key = seed mod 2**64
-    for part in (step, position, stream): key = splitmix64(key XOR (part mod 2**64))
-    generator = torch.Generator("cpu").manual_seed(key >> 1)
+    Philox4x32-10 (Random123), key = (seed mod 2**32, (seed mod 2**64) >> 32),
+    counter = (index, position mod 2**32, step mod 2**32, stream)
+    float32 uniform: ((x0 >> 8) + 0.5) * 2**-24
+    float64 uniform: (((x0 << 21) | (x1 >> 11)) + 0.5) * 2**-53
 
 `step` is the 0-based global denoising step of the request, `position` the 0-based
-canvas index (0 = first generated token, -1 = a draw for the whole canvas) and
-`stream` one of the constants below.
+canvas index, `stream` one of the constants below and `index` the draw's index in
+its row (always 0 here).  Draws replace the
+references' samplers as follows: a token at T > 0 (LLaDA's Gumbel-max, Dream's
+multinomial) is the smallest id whose float64 cumulative probability under
+softmax(logits / T) exceeds u * total, one float64 uniform per row; Dream's alg_temp choice of positions takes the n
+largest confidence / alg_temp + Gumbel(u) keys (Gumbel-top-k: the distribution of
+multinomial sampling without replacement).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
@@ -30,35 +38,46 @@ from safetensors.torch import load_file
 # Random-stream contract
 # --------------------------------------------------------------------------------------
 
-STREAM_GUMBEL = 1  # LLaDA: float64 uniforms of the Gumbel noise, one per vocab entry
-STREAM_REMASK = 2  # LLaDA `random` remasking: the row's confidence
-STREAM_FLIP = 3  # Dream `origin`: does the row unmask at this step
-STREAM_SAMPLE = 4  # Dream: categorical sample of the row's token
-STREAM_SELECT = 5  # Dream with alg_temp: rows to unmask (position -1)
+STREAM_LLADA_SAMPLE = 1  # LLaDA at T > 0: inverse-CDF draw of the row's token (float64)
+STREAM_REMASK = 2  # LLaDA `random` remasking: the row's confidence (float32)
+STREAM_FLIP = 3  # Dream `origin`: does the row unmask at this step (float32)
+STREAM_SAMPLE = 4  # Dream: inverse-CDF draw of the row's token (float64)
+STREAM_SELECT = 5  # Dream with alg_temp: Gumbel key of each position (float64)
 
-_U64 = 2**64
-
-
-def splitmix64(x: int) -> int:
-    """One SplitMix64 step (Steele, Lea & Flood 2014) on a 64-bit state `x`."""
-    x = (x + 0x9E3779B97F4A7C15) % _U64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % _U64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % _U64
-    return x ^ (x >> 31)
+_W32 = np.uint64(0xFFFFFFFF)
 
 
-def stream_seed(seed: int, step: int, position: int, stream: int) -> int:
-    """The integer passed to `manual_seed` for one (seed, step, position, stream)."""
-    key = splitmix64(seed % _U64)
-    for part in (step, position, stream):
-        key = splitmix64(key ^ (part % _U64))
-    return key >> 1
+def philox4x32(counter: list[int], key: list[int], n: int = 1) -> np.ndarray:
+    """Philox4x32-10 of counters (c0 + i, c1, c2, c3), i < n: uint64 array [4, n]."""
+    c = [np.arange(n, dtype=np.uint64) + np.uint64(counter[0])] + [
+        np.full(n, counter[j], dtype=np.uint64) for j in (1, 2, 3)
+    ]
+    k0, k1 = np.uint64(key[0]), np.uint64(key[1])
+    for round_ in range(10):
+        if round_:
+            k0 = (k0 + np.uint64(0x9E3779B9)) & _W32
+            k1 = (k1 + np.uint64(0xBB67AE85)) & _W32
+        p0 = c[0] * np.uint64(0xD2511F53)
+        p1 = c[2] * np.uint64(0xCD9E8D57)
+        c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & _W32, (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & _W32]
+    return np.stack(c)
 
 
-def stream_generator(seed: int, step: int, position: int, stream: int) -> torch.Generator:
-    gen = torch.Generator(device="cpu")
-    gen.manual_seed(stream_seed(seed, step, position, stream))
-    return gen
+def _draw_words(seed: int, step: int, position: int, stream: int, n: int) -> np.ndarray:
+    s = seed % 2**64
+    return philox4x32([0, position % 2**32, step % 2**32, stream], [s % 2**32, s >> 32], n)
+
+
+def uniform64(seed: int, step: int, position: int, stream: int, n: int = 1) -> torch.Tensor:
+    x = _draw_words(seed, step, position, stream, n)
+    m = (x[0] << np.uint64(21)) | (x[1] >> np.uint64(11))
+    return torch.from_numpy(np.minimum((m.astype(np.float64) + 0.5) * 2.0**-53, 1 - 2.0**-53))
+
+
+def uniform32(seed: int, step: int, position: int, stream: int) -> float:
+    x = _draw_words(seed, step, position, stream, 1)
+    u = np.float32((int(x[0][0]) >> 8) + 0.5) * np.float32(2.0**-24)
+    return float(min(u, np.float32(1 - 2.0**-24)))
 
 
 # --------------------------------------------------------------------------------------
@@ -536,16 +555,18 @@ def llada_generate(
             # Rows whose draws can matter: still masked and inside the current block.
             rows = [p for p in range(block_start, block_end) if bool(mask_index[0, p])]
 
-            # Gumbel-max noise; at T == 0 the logits object itself is used.
+            # At T == 0 the logits object itself is the reference's "noisy" tensor.  At
+            # T > 0 the token is a draw from softmax(logits / T) (the distribution of the
+            # reference's Gumbel-max) by inverse CDF, and "noisy" is a separate tensor.
             if temperature == 0:
                 noisy = logits
+                x0 = torch.argmax(noisy, dim=-1)
             else:
-                u = torch.full(logits.shape, 0.5, dtype=torch.float64)
+                noisy = logits.clone()
+                x0 = torch.argmax(logits, dim=-1)
                 for p in rows:
-                    gen = stream_generator(seed, global_step, p - prompt_len, STREAM_GUMBEL)
-                    u[0, p] = torch.rand(logits.shape[-1], dtype=torch.float64, generator=gen)
-                noisy = logits.to(torch.float64).exp() / (-torch.log(u)) ** temperature
-            x0 = torch.argmax(noisy, dim=-1)
+                    probs = F.softmax(logits[0, p].double() / temperature, dim=-1)
+                    x0[0, p] = _inverse_cdf(probs, float(uniform64(seed, global_step, p - prompt_len, STREAM_LLADA_SAMPLE)))
             argmax_tied = {p: _max_is_tied(noisy[0, p]) for p in rows} if temperature == 0 else {}
 
             if confidence_eos_eot_inf:
@@ -559,8 +580,7 @@ def llada_generate(
             elif remasking == "random":
                 x0_p = torch.zeros(x0.shape, dtype=torch.float32)
                 for p in rows:
-                    gen = stream_generator(seed, global_step, p - prompt_len, STREAM_REMASK)
-                    x0_p[0, p] = torch.rand(1, dtype=torch.float32, generator=gen)[0]
+                    x0_p[0, p] = uniform32(seed, global_step, p - prompt_len, STREAM_REMASK)
             else:
                 raise NotImplementedError(remasking)
 
@@ -602,6 +622,12 @@ def top_k_logits(logits: torch.Tensor, top_k: int) -> torch.Tensor:
     return logits.masked_fill(logits < kth, torch.finfo(logits.dtype).min)
 
 
+def _inverse_cdf(probs: torch.Tensor, u: float) -> int:
+    cdf = torch.cumsum(probs.double(), 0)
+    above = (cdf > u * cdf[-1]).nonzero()
+    return int(above[0]) if len(above) else len(cdf) - 1
+
+
 def dream_sample_tokens(
     logits: torch.Tensor,
     temperature: float = 0.0,
@@ -609,7 +635,7 @@ def dream_sample_tokens(
     top_k: int | None = None,
     margin_confidence: bool = False,
     neg_entropy: bool = False,
-    generators: list[torch.Generator] | None = None,
+    draws: torch.Tensor | None = None,
 ):
     """logits[M, V] -> (confidence[M], x0[M], argmax_tied[M] (only meaningful at T == 0))."""
     if temperature > 0:
@@ -621,10 +647,9 @@ def dream_sample_tokens(
     probs = torch.softmax(logits, dim=-1)
 
     if temperature > 0:
-        assert generators is not None and len(generators) == probs.shape[0]
-        x0 = torch.stack(
-            [torch.multinomial(probs[r], 1, replacement=True, generator=generators[r])[0] for r in range(probs.shape[0])]
-        ) if probs.shape[0] else torch.zeros(0, dtype=torch.long)
+        assert draws is not None and len(draws) == probs.shape[0]
+        # Inverse CDF: the first id whose cumulative probability exceeds u * total.
+        x0 = torch.tensor([_inverse_cdf(probs[r], float(draws[r])) for r in range(probs.shape[0])], dtype=torch.long)
         confidence = torch.gather(probs, -1, x0.unsqueeze(-1)).squeeze(-1)
         tied = torch.zeros(probs.shape[0], dtype=torch.bool)
     else:
@@ -670,13 +695,13 @@ def dream_generate(
         canvas_pos = mask_index[0].nonzero().squeeze(-1) - prompt_len  # [M]
         t, s = timesteps[i], timesteps[i + 1]
 
-        def sample_generators(positions):
-            return [stream_generator(seed, i, int(p), STREAM_SAMPLE) for p in positions]
+        def sample_draws(positions):
+            return torch.cat([uniform64(seed, i, int(p), STREAM_SAMPLE) for p in positions])
 
         if alg == "origin":
             p_transfer = 1 - s / t if i < steps - 1 else 1
             flip = torch.tensor(
-                [bool(torch.rand(1, dtype=torch.float32, generator=stream_generator(seed, i, int(p), STREAM_FLIP))[0] < p_transfer)
+                [bool(torch.tensor(uniform32(seed, i, int(p), STREAM_FLIP)) < p_transfer)
                  for p in canvas_pos],
                 dtype=torch.bool,
             )
@@ -684,7 +709,7 @@ def dream_generate(
             if bool(flip.any()):
                 _, chosen, tied = dream_sample_tokens(
                     mask_logits[flip], temperature, top_p, top_k,
-                    generators=sample_generators(canvas_pos[flip]) if temperature > 0 else None,
+                    draws=sample_draws(canvas_pos[flip]) if temperature > 0 else None,
                 )
                 x0[flip] = chosen
                 ties += int(tied.sum())
@@ -697,7 +722,7 @@ def dream_generate(
             mask_logits, temperature, top_p, top_k,
             margin_confidence=alg == "topk_margin",
             neg_entropy=alg == "entropy",
-            generators=sample_generators(canvas_pos) if temperature > 0 else None,
+            draws=sample_draws(canvas_pos) if temperature > 0 else None,
         )
         num_mask_token = mask_index.sum() / mask_index.shape[0]  # float32 tensor
         if i < steps - 1:
@@ -718,9 +743,10 @@ def dream_generate(
                 _, select = torch.topk(full_conf, n)
                 ties += int(_cut_is_tied(full_conf, n))
             else:
-                weights = F.softmax(full_conf / alg_temp, dim=-1)
-                gen = stream_generator(seed, i, -1, STREAM_SELECT)
-                select = torch.multinomial(weights, n, replacement=False, generator=gen)
+                # Gumbel-top-k over confidence / alg_temp: multinomial without replacement.
+                u = torch.cat([uniform64(seed, i, p, STREAM_SELECT) for p in range(max_new_tokens)])
+                keys = (full_conf / alg_temp).double() - torch.log(-torch.log(u))
+                _, select = torch.topk(keys, n)
             ties += int(tied_at[select].sum())
             x[0, prompt_len + select] = proposal[select]
 

@@ -98,6 +98,7 @@ _REQUEST_KEYS: dict[str, dict[str, tuple[type, ...]]] = {
 }
 
 ADMISSION_MODES = ("greedy", "lookahead", "reserve", "static")
+ATTENTION_BACKENDS = ("torch", "triton")  # see attention/backends.py
 
 # vLLM's own fields: naming them in extra_args would be ambiguous.
 _SAMPLING_PARAM_FIELDS = ("temperature", "top_p", "top_k", "seed", "max_tokens")
@@ -214,6 +215,7 @@ class ServerDefaults:
     overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
     max_num_logits: int = DEFAULT_MAX_NUM_LOGITS
     admission: str = "greedy"  # see scheduler/plan.py: greedy, lookahead, reserve, static
+    attention_backend: str | None = None  # None: chosen by device
 
     @classmethod
     def build(
@@ -234,10 +236,22 @@ class ServerDefaults:
                 f"--additional-config dllm 'admission' must be one of {', '.join(ADMISSION_MODES)}, "
                 f"got {admission!r}"
             )
+        attention_backend = server.pop("attention_backend", None)
+        if attention_backend is not None and attention_backend not in ATTENTION_BACKENDS:
+            raise OptionError(
+                f"--additional-config dllm 'attention_backend' must be one of "
+                f"{', '.join(ATTENTION_BACKENDS)}, got {attention_backend!r}"
+            )
         merged = dict(PAPER_DEFAULTS[kind])
         merged.update(defaults_from_generation_config(kind, generation_config))
         merged.update(check_overrides(kind, server, "--additional-config dllm"))
-        return cls(kind=kind, overrides=merged, max_num_logits=max_num_logits, admission=admission)
+        return cls(
+            kind=kind,
+            overrides=merged,
+            max_num_logits=max_num_logits,
+            admission=admission,
+            attention_backend=attention_backend,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -245,6 +259,7 @@ class ServerDefaults:
             "overrides": dict(self.overrides),
             "max_num_logits": self.max_num_logits,
             "admission": self.admission,
+            "attention_backend": self.attention_backend,
         }
 
     @classmethod
@@ -254,6 +269,7 @@ class ServerDefaults:
             overrides=dict(data["overrides"]),
             max_num_logits=int(data["max_num_logits"]),
             admission=data.get("admission", "greedy"),
+            attention_backend=data.get("attention_backend"),
         )
 
 

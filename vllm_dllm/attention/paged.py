@@ -1,20 +1,19 @@
-"""Bidirectional attention over vLLM's paged KV pool (the torch path, any device).
+"""The attention layer of the diffusion models: non-causal, over the paged KV pool.
 
 Each layer owns one page-structured tensor `[num_blocks, block_size, 2, kv_heads,
-head_dim]` carved from the pool vLLM's KV cache manager sizes.  A step writes the
-fresh K/V of its query positions into their slots, then every query attends over
-the sequence's K/V read back from the pool: exactly the data flow a Reuse step needs
-(fresh block K/V plus cached K/V of the rest), so caching policies only change which
-positions are queries.
+head_dim]` carved from the pool vLLM's KV cache manager sizes.  The step's backend
+(attention/backends.py) writes the queries' fresh K/V into their slots and attends
+over each sequence's K/V read back from the pool: exactly the data flow a Reuse step
+needs (fresh block K/V plus cached K/V of the rest), so caching policies only change
+which positions are queries.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from vllm_dllm.attention.context import current_context
+from vllm_dllm.attention.metadata import current_metadata
 
 
 def kv_page_shape(block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
@@ -33,41 +32,13 @@ class DiffusionAttention(nn.Module):
         self.layer_name = prefix
         self.kv_cache: torch.Tensor | None = None  # [num_blocks, block_size, 2, H_kv, D]
 
-    def bind_kv_cache(self, cache: torch.Tensor) -> None:
+    def bind_kv_cache(self, cache: torch.Tensor | None) -> None:
         self.kv_cache = cache
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        ctx = current_context()
+        meta = current_metadata()
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        out = torch.empty_like(q)
-        cache = self.kv_cache
-        for seq in ctx.sequences:
-            rows = slice(seq.query_start, seq.query_end)
-            if cache is None:
-                # Profiling and warm-up run before the pool exists: attend to the
-                # query rows themselves.
-                keys, values = k[rows], v[rows]
-            else:
-                block_size = cache.shape[1]
-                if seq.write_kv:
-                    write = seq.kv_slots[seq.query_positions]
-                    cache[write // block_size, write % block_size, 0] = k[rows]
-                    cache[write // block_size, write % block_size, 1] = v[rows]
-                read_blocks, read_offsets = seq.kv_slots // block_size, seq.kv_slots % block_size
-                keys = cache[read_blocks, read_offsets, 0]
-                values = cache[read_blocks, read_offsets, 1]
-                if not seq.write_kv:
-                    keys[seq.query_positions] = k[rows]
-                    values[seq.query_positions] = v[rows]
-            out[rows] = self._attend(q[rows], keys, values)
-        return out.view(-1, self.num_heads * self.head_dim)
-
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        # [tokens, heads, dim] -> [heads, tokens, dim]
-        q, k, v = (t.transpose(0, 1) for t in (q, k, v))
-        out = F.scaled_dot_product_attention(
-            q, k, v, is_causal=False, scale=self.scale, enable_gqa=self.num_heads != self.num_kv_heads
-        )
-        return out.transpose(0, 1)
+        out = meta.backend.attend(q, k, v, self.kv_cache, meta, self.scale)
+        return out.reshape(-1, self.num_heads * self.head_dim)

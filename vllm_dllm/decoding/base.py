@@ -1,9 +1,15 @@
-"""The interface every decoding rule implements, and the registry that finds one.
+"""Batched decoding: the state every rule shares, the rule interface, the commit.
 
-A rule owns one request's canvas (the generated positions, masked until committed)
-and decides, step by step, which rows need logits, what each row's candidate token
-and confidence are, and which candidates are committed.  Rules are pure tensor code:
-they never see the model, the batch or the KV cache.
+A rule decides, for all scheduled requests at once, which canvas positions need
+logits this step and how many of them to commit (`plan`), what each candidate row's
+token and confidence are (`reduce`, over a chunk of logits rows from any requests),
+and how candidates are ranked (`ranking_keys`).  `commit` then writes the top-count
+candidates of every request into its canvas.  Everything is tensor code over the
+batch: no Python loop over requests, no host sync.
+
+Per-request parameters live in per-slot tensors written once at admission; a
+request's slot is its row in every tensor here.  Rules never see the model, the
+batch layout or the KV cache.
 """
 
 from __future__ import annotations
@@ -15,6 +21,14 @@ import torch
 
 from vllm_dllm.options import DecodeOptions
 
+# Canvas entries past a request's generation length.  Never equal to a token id,
+# so padding is never "masked" and never a candidate.
+PAD = -1
+
+# Ranking key of a candidate whose confidence is -inf: below every real confidence,
+# above every non-candidate (-inf), so a request always commits `count` candidates.
+_LOWEST_CANDIDATE = -torch.finfo(torch.float64).max
+
 
 @dataclass(frozen=True)
 class SpecialIds:
@@ -23,87 +37,149 @@ class SpecialIds:
     eot: int | None = None
 
 
-class DecodingRule(ABC):
-    def __init__(self, options: DecodeOptions, ids: SpecialIds, seed: int, prompt_len: int = 0):
-        self.options = options
+class DecodeState:
+    """Canvases and the parameters every rule reads, one row per request slot."""
+
+    def __init__(self, capacity: int, max_gen: int, ids: SpecialIds, device: torch.device):
         self.ids = ids
-        self.seed = seed
-        self.prompt_len = prompt_len
-        self.step = 0
-        self.canvas = torch.full((options.gen_length,), ids.mask, dtype=torch.long)
+        self.device = device
+        self.canvas = torch.full((capacity, max_gen), PAD, dtype=torch.long, device=device)
+        self.gen_length = torch.zeros(capacity, dtype=torch.long, device=device)
+        self.steps = torch.ones(capacity, dtype=torch.long, device=device)
+        self.step = torch.zeros(capacity, dtype=torch.long, device=device)
+        self.seed = torch.zeros(capacity, dtype=torch.long, device=device)
+        self.temperature = torch.zeros(capacity, dtype=torch.float32, device=device)
+        self.cfg_scale = torch.zeros(capacity, dtype=torch.float32, device=device)
+        # Host copy: whether a batch samples is decided without a device sync.
+        self.temperature_host = torch.zeros(capacity, dtype=torch.float32)
 
     @property
-    def masked(self) -> torch.Tensor:
-        return self.canvas == self.ids.mask
+    def capacity(self) -> int:
+        return self.canvas.shape[0]
+
+    def admit(self, slot: int, options: DecodeOptions, seed: int) -> None:
+        self.canvas[slot] = PAD
+        self.canvas[slot, : options.gen_length] = self.ids.mask
+        self.gen_length[slot] = options.gen_length
+        self.steps[slot] = options.steps
+        self.step[slot] = 0
+        # The Philox contract keys on seed mod 2**64; int64 holds it by two's
+        # complement (the same 64 bits), so no bit of the seed is lost.
+        seed %= 1 << 64
+        self.seed[slot] = seed - (1 << 64) if seed >= 1 << 63 else seed
+        self.temperature[slot] = options.temperature
+        self.temperature_host[slot] = options.temperature
+        self.cfg_scale[slot] = getattr(options, "cfg_scale", 0.0)
+
+    def masked(self, slots: torch.Tensor, width: int) -> torch.Tensor:
+        return self.canvas[slots, :width] == self.ids.mask
+
+    def num_final(self, slots: torch.Tensor, width: int) -> torch.Tensor:
+        """Length of each request's committed prefix: the tokens that can be streamed.
+
+        After its configured steps a canvas is final whatever it holds, as the
+        references return it then, even where a position was committed as the mask
+        id itself.
+        """
+        masked = self.masked(slots, width)
+        first_masked = torch.where(masked.any(dim=1), masked.int().argmax(dim=1), self.gen_length[slots])
+        return torch.where(self.step[slots] >= self.steps[slots], self.gen_length[slots], first_masked)
+
+
+@dataclass
+class StepPlan:
+    """What a rule decided before the forward: candidates and how many to commit."""
+
+    candidates: torch.Tensor  # bool [R, width], canvas positions needing logits
+    count: torch.Tensor  # long [R], candidates to commit (<= candidates per row)
+
+
+class BatchedRule(ABC):
+    """One model kind's decoding algorithm over a batch of requests."""
+
+    def __init__(self, state: DecodeState):
+        self.state = state
+        self.sampled = True
+
+    def prepare(self, slots_host: torch.Tensor) -> None:
+        """Batch-level facts for this step, from host copies of the parameters
+        (so that work no row needs is skipped without a device sync)."""
+        self.sampled = bool((self.state.temperature_host[slots_host] > 0).any())
 
     @property
-    def done(self) -> bool:
-        return not bool(self.masked.any())
-
-    def num_final(self) -> int:
-        """Length of the committed prefix: tokens that can be streamed out.
-
-        After the configured steps everything is final, as the references return the
-        canvas then, even if a position was committed as the mask token itself.
-        """
-        if self.step >= self.options.steps:
-            return self.options.gen_length
-        masked = self.masked.nonzero()
-        return int(masked[0]) if len(masked) else self.options.gen_length
-
-    def commit_most_confident(
-        self, positions: torch.Tensor, tokens: torch.Tensor, confidence: torch.Tensor, count: int
-    ) -> None:
-        """Commit the `count` most confident candidates.
-
-        The references rank over the whole sequence (prompt + canvas) with -inf off
-        the candidates; ranking the same vector keeps their tie-breaking.
-        """
-        if count <= 0:
-            return
-        full = torch.full(
-            (self.prompt_len + self.options.gen_length,), float("-inf"), dtype=confidence.dtype
-        )
-        full[self.prompt_len + positions] = confidence
-        chosen = torch.topk(full, count).indices - self.prompt_len
-        proposal = self.canvas.clone()
-        proposal[positions] = tokens
-        self.canvas[chosen] = proposal[chosen]
+    def ids(self) -> SpecialIds:
+        return self.state.ids
 
     @abstractmethod
-    def rows_needing_logits(self) -> torch.Tensor:
-        """Canvas positions (ascending) whose logits this step needs."""
+    def admit(self, slot: int, options: DecodeOptions) -> None:
+        """Write the request's rule parameters into its slot (DecodeState.admit first)."""
+
+    @abstractmethod
+    def plan(self, slots: torch.Tensor, width: int) -> StepPlan:
+        """Candidates and commit counts of this step, for the requests in `slots`."""
 
     @abstractmethod
     def reduce(
-        self, logits: torch.Tensor, positions: torch.Tensor
+        self, logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reduce a chunk of logits rows to (candidate token, confidence) per row.
+        """(token, confidence) of each logits row; row i belongs to request slot
+        `slots[i]`, canvas position `positions[i]`.  May modify `logits` in place."""
 
-        `logits` may be modified in place; the caller frees it afterwards.
-        """
+    def ranking_keys(self, slots: torch.Tensor, plan: StepPlan, confidence: torch.Tensor) -> torch.Tensor:
+        """Keys by which each request's candidates compete for its `count` commits."""
+        return confidence
 
-    @abstractmethod
-    def commit(
-        self, positions: torch.Tensor, tokens: torch.Tensor, confidence: torch.Tensor
+    def commit_candidates(
+        self,
+        slots: torch.Tensor,
+        plan: StepPlan,
+        rows: torch.Tensor,
+        positions: torch.Tensor,
+        tokens: torch.Tensor,
+        confidence: torch.Tensor,
     ) -> None:
-        """Write the chosen candidates into the canvas and advance one step."""
+        """`commit` from per-candidate results: candidate i is (request rows[i],
+        canvas position positions[i]), as `plan.candidates.nonzero()` lists them."""
+        width = plan.candidates.shape[1]
+        grid_tokens = self.state.canvas[slots, :width].clone()
+        grid_tokens[rows, positions] = tokens
+        grid_conf = torch.full(grid_tokens.shape, float("-inf"), dtype=confidence.dtype, device=confidence.device)
+        grid_conf[rows, positions] = confidence
+        self.commit(slots, plan, grid_tokens, grid_conf)
+
+    def commit(self, slots: torch.Tensor, plan: StepPlan, tokens: torch.Tensor, confidence: torch.Tensor) -> None:
+        """Commit each request's `count` highest-ranked candidates and advance a step.
+
+        `tokens`/`confidence` are [R, width] grids, read only where candidates.
+        Equal keys break toward the lower position: deterministic on every device
+        and whatever else is in the batch.  (The references call torch.topk, whose
+        order among ties depends on the device and the vector's length.)
+        """
+        state = self.state
+        width = plan.candidates.shape[1]
+        keys = self.ranking_keys(slots, plan, confidence).double()
+        keys = torch.where(keys == float("-inf"), _LOWEST_CANDIDATE, keys)
+        keys = torch.where(plan.candidates, keys, float("-inf"))
+        order = torch.sort(keys, dim=1, descending=True, stable=True).indices
+        columns = torch.arange(width, device=keys.device).expand_as(order)
+        rank = torch.empty_like(order).scatter_(1, order, columns)
+        chosen = rank < plan.count[:, None]
+        state.canvas[slots, :width] = torch.where(chosen, tokens, state.canvas[slots, :width])
+        state.step[slots] += 1
 
 
-_RULES: dict[str, type[DecodingRule]] = {}
+_RULES: dict[str, type[BatchedRule]] = {}
 
 
 def register_rule(kind: str):
-    def wrap(cls: type[DecodingRule]) -> type[DecodingRule]:
+    def wrap(cls: type[BatchedRule]) -> type[BatchedRule]:
         _RULES[kind] = cls
         return cls
 
     return wrap
 
 
-def make_rule(
-    kind: str, options: DecodeOptions, ids: SpecialIds, seed: int, prompt_len: int = 0
-) -> DecodingRule:
+def make_rule(kind: str, state: DecodeState) -> BatchedRule:
     # Importing the rule modules fills the registry.
     from vllm_dllm.decoding import dream, llada  # noqa: F401
 
@@ -111,4 +187,4 @@ def make_rule(
         cls = _RULES[kind]
     except KeyError:
         raise ValueError(f"no decoding rule for model kind '{kind}'") from None
-    return cls(options, ids, seed, prompt_len)
+    return cls(state)

@@ -1,139 +1,131 @@
-"""Dream's `diffusion_generate`: the whole canvas is active; origin or confidence algs.
+"""Dream's `diffusion_generate` over a batch: the whole canvas is active; origin or
+confidence algs, temperature, top-p/top-k, alg_temp.
 
 Follows MODEL_SPEC.md section 3 (Dream `_sample`), including its float32 schedule
-arithmetic and `int()` truncation; random numbers come from rng.py.
+arithmetic and `int()` truncation.  Departures: random numbers come from the Philox
+stream (decoding/sampling.py); a token is drawn by inverse CDF, and alg_temp's
+choice of positions by Gumbel-top-k (the same distribution as multinomial without
+replacement); ties rank toward the lower position.
 """
 
 from __future__ import annotations
 
 import torch
 
-from vllm_dllm.decoding import rng
-from vllm_dllm.decoding.base import DecodingRule, SpecialIds, register_rule
-from vllm_dllm.options import DREAM, DreamOptions
+from vllm_dllm.decoding import sampling
+from vllm_dllm.decoding.base import BatchedRule, DecodeState, StepPlan, register_rule
+from vllm_dllm.options import DREAM, DREAM_ALGS, DreamOptions
+
+ORIGIN = DREAM_ALGS.index("origin")
+TOPK_MARGIN = DREAM_ALGS.index("topk_margin")
+ENTROPY = DREAM_ALGS.index("entropy")
 
 
-def filter_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    sorted_logits, sorted_idx = torch.sort(logits, descending=True)
-    cumulative = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1)
-    remove_sorted = cumulative > top_p
-    remove_sorted[..., 1:] = remove_sorted[..., :-1].clone()
-    remove_sorted[..., 0] = False
-    remove = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, sorted_idx, remove_sorted)
-    return logits.masked_fill(remove, torch.finfo(logits.dtype).min)
+def unmask_fractions(steps: int, eps: float) -> torch.Tensor:
+    """1 - s/t for every step, in the reference's float32 arithmetic."""
+    t = torch.linspace(1, eps, steps + 1)
+    return 1 - t[1:] / t[:-1]
 
 
-def filter_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
-    top_k = min(top_k, logits.shape[-1])
-    kth = torch.topk(logits, top_k)[0][..., -1, None]
-    return logits.masked_fill(logits < kth, torch.finfo(logits.dtype).min)
+def filter_top_p_top_k(logits: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """The reference's top-p then top-k filters, per row (top_p >= 1 / top_k <= 0: off).
+
+    Removed entries get the dtype's lowest value, as the reference's masked_fill does.
+    """
+    lowest = torch.finfo(logits.dtype).min
+    ordered, order = torch.sort(logits, dim=-1, descending=True)
+    cumulative = torch.cumsum(torch.softmax(ordered, dim=-1), dim=-1)
+    remove = cumulative > top_p[:, None]
+    # Keep the token that crosses the threshold: shift right by one, keep the first.
+    remove = torch.cat([torch.zeros_like(remove[:, :1]), remove[:, :-1]], dim=1)
+    remove &= (top_p < 1)[:, None]
+    ordered = ordered.masked_fill(remove, lowest)
+    kth_index = (top_k.clamp(min=1, max=logits.shape[-1]) - 1)[:, None]
+    kth = ordered.gather(1, kth_index)
+    remove_k = (ordered < kth) & (top_k > 0)[:, None]
+    ordered = ordered.masked_fill(remove_k, lowest)
+    return torch.empty_like(logits).scatter_(1, order, ordered)
 
 
 @register_rule(DREAM)
-class DreamRule(DecodingRule):
-    options: DreamOptions
+class DreamRule(BatchedRule):
+    def __init__(self, state: DecodeState):
+        super().__init__(state)
+        cap, device = state.capacity, state.device
+        self.alg = torch.zeros(cap, dtype=torch.long, device=device)
+        self.alg_temp = torch.zeros(cap, dtype=torch.float32, device=device)  # 0: off
+        self.top_p = torch.ones(cap, dtype=torch.float32, device=device)  # 1: off
+        self.top_k = torch.zeros(cap, dtype=torch.long, device=device)  # 0: off
+        self.fractions = torch.zeros(cap, 1, dtype=torch.float32, device=device)
+        self.filtered_host = torch.zeros(cap, dtype=torch.bool)
+        self.filtered = False
 
-    def __init__(self, options: DreamOptions, ids: SpecialIds, seed: int, prompt_len: int = 0):
-        super().__init__(options, ids, seed, prompt_len)
-        self._timesteps = torch.linspace(1, options.eps, options.steps + 1)
+    def admit(self, slot: int, options: DreamOptions) -> None:
+        self.alg[slot] = DREAM_ALGS.index(options.alg)
+        self.alg_temp[slot] = options.alg_temp or 0.0
+        self.top_p[slot] = 1.0 if options.top_p is None else options.top_p
+        self.top_k[slot] = options.top_k or 0
+        self.filtered_host[slot] = options.top_p is not None or options.top_k is not None
+        if options.steps > self.fractions.shape[1]:
+            grown = torch.zeros(self.state.capacity, options.steps, device=self.fractions.device)
+            grown[:, : self.fractions.shape[1]] = self.fractions
+            self.fractions = grown
+        self.fractions[slot, : options.steps] = unmask_fractions(options.steps, options.eps).to(self.fractions.device)
 
-    @property
-    def _last_step(self) -> bool:
-        return self.step >= self.options.steps - 1
+    def prepare(self, slots_host: torch.Tensor) -> None:
+        super().prepare(slots_host)
+        self.filtered = bool(self.filtered_host[slots_host].any())
 
-    def _unmask_fraction(self) -> torch.Tensor:
-        """1 - s/t for this step, in the reference's float32 arithmetic."""
-        t = self._timesteps[self.step]
-        s = self._timesteps[self.step + 1]
-        return 1 - s / t
+    def _position_draws(self, slots: torch.Tensor, width: int, stream: int, dtype: torch.dtype) -> torch.Tensor:
+        """One draw per (request, canvas position): [R, width]."""
+        state = self.state
+        rows = len(slots)
+        positions = torch.arange(width, device=slots.device).repeat(rows)
+        seeds = state.seed[slots].repeat_interleave(width)
+        steps = state.step[slots].repeat_interleave(width)
+        return sampling.uniform(seeds, steps, positions, stream, dtype).view(rows, width)
 
-    def rows_needing_logits(self) -> torch.Tensor:
-        masked = self.masked.nonzero().flatten()
-        if self.options.alg != "origin" or self._last_step:
-            return masked
-        # origin: every masked row flips independently; only flipped rows need a token.
-        p_transfer = self._unmask_fraction()
-        flips = [
-            bool(
-                torch.rand(
-                    1,
-                    dtype=torch.float32,
-                    generator=rng.generator(self.seed, self.step, pos, rng.FLIP),
-                )[0]
-                < p_transfer
-            )
-            for pos in masked.tolist()
-        ]
-        return masked[torch.tensor(flips, dtype=torch.bool)] if flips else masked
+    def plan(self, slots: torch.Tensor, width: int) -> StepPlan:
+        state = self.state
+        step = state.step[slots]
+        masked = state.masked(slots, width)
+        last = step >= state.steps[slots] - 1
+        fraction = self.fractions[slots].gather(1, step.clamp(max=self.fractions.shape[1] - 1)[:, None]).squeeze(1)
+        # origin: every masked position flips independently; only flipped ones commit.
+        flips = self._position_draws(slots, width, sampling.FLIP, torch.float32) < fraction[:, None]
+        origin = self.alg[slots] == ORIGIN
+        candidates = masked & (~origin | last)[:, None] | masked & flips & origin[:, None]
+        num_masked = masked.sum(dim=1)
+        scheduled = torch.where(last, num_masked, (num_masked.float() / 1 * fraction).long())
+        count = torch.where(origin, candidates.sum(dim=1), scheduled)
+        return StepPlan(candidates=candidates, count=count)
 
-    def reduce(
-        self, logits: torch.Tensor, positions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        opts = self.options
-        if opts.temperature > 0:
-            logits = logits / opts.temperature
-        if opts.top_p is not None:
-            logits = filter_top_p(logits, opts.top_p)
-        if opts.top_k is not None:
-            logits = filter_top_k(logits, opts.top_k)
+    def reduce(self, logits, slots, positions):
+        state = self.state
+        temperature = state.temperature[slots]
+        scaled = temperature > 0
+        logits = logits / torch.where(scaled, temperature, 1.0)[:, None]
+        if self.filtered:
+            logits = filter_top_p_top_k(logits, self.top_p[slots], self.top_k[slots])
         probs = torch.softmax(logits, dim=-1)
-        if opts.temperature > 0:
-            tokens = torch.stack(
-                [
-                    torch.multinomial(
-                        probs[row].cpu(),
-                        1,
-                        replacement=True,
-                        generator=rng.generator(self.seed, self.step, pos, rng.SAMPLE),
-                    )[0]
-                    for row, pos in enumerate(positions.tolist())
-                ]
-            ).to(probs.device)
-            confidence = probs.gather(1, tokens[:, None]).squeeze(1)
-        else:
-            confidence, tokens = probs.max(dim=-1)
-        if opts.alg == "topk_margin":
-            top2 = torch.topk(probs, 2, dim=-1).values
-            confidence = top2[:, 0] - top2[:, 1]
-        elif opts.alg == "entropy":
-            confidence = torch.sum(probs * torch.log(probs + 1e-10), dim=-1)
+        confidence, tokens = probs.max(dim=-1)
+        if self.sampled:
+            u = sampling.uniform(state.seed[slots], state.step[slots], positions, sampling.SAMPLE, torch.float64)
+            drawn = sampling.inverse_cdf(probs, u)
+            tokens = torch.where(scaled, drawn, tokens)
+            confidence = torch.where(scaled, probs.gather(1, drawn[:, None]).squeeze(1), confidence)
+        alg = self.alg[slots]
+        top2 = torch.topk(probs, 2, dim=-1).values
+        confidence = torch.where(alg == TOPK_MARGIN, top2[:, 0] - top2[:, 1], confidence)
+        entropy = torch.sum(probs * torch.log(probs + 1e-10), dim=-1)
+        confidence = torch.where(alg == ENTROPY, entropy, confidence)
         return tokens, confidence
 
-    def commit(
-        self, positions: torch.Tensor, tokens: torch.Tensor, confidence: torch.Tensor
-    ) -> None:
-        positions, tokens = positions.cpu(), tokens.cpu()
-        if self.options.alg == "origin":
-            self.canvas[positions] = tokens
-        else:
-            self._commit_confident(positions, tokens, confidence.cpu())
-        self.step += 1
-
-    def _commit_confident(
-        self, positions: torch.Tensor, tokens: torch.Tensor, confidence: torch.Tensor
-    ) -> None:
-        num_masked = len(positions)
-        if self._last_step:
-            count = num_masked
-        else:
-            count = int(torch.tensor(num_masked) / 1 * self._unmask_fraction())
-        alg_temp = self.options.alg_temp
-        if alg_temp is None:
-            self.commit_most_confident(positions, tokens, confidence, count)
-            return
-        if count <= 0:
-            return
-        # The reference draws over the whole sequence with -inf off the masks; the
-        # contract draws over the canvas, which gives the same distribution.
-        full = torch.full((self.options.gen_length,), float("-inf"))
-        full[positions] = confidence.float()
-        weights = torch.softmax(full / alg_temp, dim=-1)
-        picked = torch.multinomial(
-            weights,
-            count,
-            replacement=False,
-            generator=rng.generator(self.seed, self.step, rng.WHOLE_CANVAS, rng.SELECT),
-        )
-        proposal = self.canvas.clone()
-        proposal[positions] = tokens
-        self.canvas[picked] = proposal[picked]
+    def ranking_keys(self, slots, plan, confidence):
+        # alg_temp: positions drawn without replacement with weights
+        # softmax(confidence / alg_temp): Gumbel-top-k over confidence / alg_temp.
+        alg_temp = self.alg_temp[slots]
+        u = self._position_draws(slots, plan.candidates.shape[1], sampling.SELECT, torch.float64)
+        gumbel = -torch.log(-torch.log(u))
+        perturbed = (confidence.float() / torch.where(alg_temp > 0, alg_temp, 1.0)[:, None]).double() + gumbel
+        return torch.where((alg_temp > 0)[:, None], perturbed, confidence.double())

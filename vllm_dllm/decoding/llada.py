@@ -1,96 +1,83 @@
-"""LLaDA's `generate()`: semi-autoregressive blocks, low-confidence or random remasking.
+"""LLaDA's `generate()` over a batch: semi-autoregressive blocks, low-confidence or
+random remasking, temperature sampling, classifier-free guidance (in decoding/logits.py).
 
-Follows MODEL_SPEC.md section 3 step by step; the only departure is where random
-numbers come from (see rng.py), so that seeded sampling is batch-invariant.
+Follows MODEL_SPEC.md section 3 step by step; departures: a token at T > 0 is drawn
+from softmax(logits / T) by inverse CDF from the Philox stream (the distribution of
+the reference's Gumbel-max, decoding/sampling.py), and ties rank toward the lower
+position (base.BatchedRule.commit).
 """
 
 from __future__ import annotations
 
 import torch
 
-from vllm_dllm.decoding import rng
-from vllm_dllm.decoding.base import DecodingRule, SpecialIds, register_rule
+from vllm_dllm.decoding import sampling
+from vllm_dllm.decoding.base import BatchedRule, DecodeState, StepPlan, register_rule
 from vllm_dllm.options import LLADA, LLaDAOptions
 
 
-def transfer_counts(num_masked: int, steps: int) -> list[int]:
-    """Tokens to commit at each step of a block: m // steps, the first m % steps get +1."""
-    base, extra = divmod(num_masked, steps)
-    return [base + (1 if i < extra else 0) for i in range(steps)]
+def transfer_count(num_masked: torch.Tensor, steps: torch.Tensor, step_in_block: torch.Tensor) -> torch.Tensor:
+    """Tokens to commit at a step of a block: m // steps, the first m % steps steps get +1."""
+    return num_masked // steps + (step_in_block < num_masked % steps).long()
 
 
 @register_rule(LLADA)
-class LLaDARule(DecodingRule):
-    options: LLaDAOptions
+class LLaDARule(BatchedRule):
+    def __init__(self, state: DecodeState):
+        super().__init__(state)
+        cap, device = state.capacity, state.device
 
-    def __init__(self, options: LLaDAOptions, ids: SpecialIds, seed: int, prompt_len: int = 0):
-        super().__init__(options, ids, seed, prompt_len)
-        self._counts: list[int] = []
+        def zeros(dtype):
+            return torch.zeros(cap, dtype=dtype, device=device)
 
-    @property
-    def block(self) -> int:
-        return self.step // self.options.steps_per_block
+        self.block_length = torch.ones(cap, dtype=torch.long, device=device)
+        self.steps_per_block = torch.ones(cap, dtype=torch.long, device=device)
+        self.block_masked = zeros(torch.long)  # masked positions of the block at its start
+        self.random_remasking = zeros(torch.bool)
+        self.logits_eos_inf = zeros(torch.bool)
+        self.confidence_eos_eot_inf = zeros(torch.bool)
 
-    @property
-    def step_in_block(self) -> int:
-        return self.step % self.options.steps_per_block
+    def admit(self, slot: int, options: LLaDAOptions) -> None:
+        self.block_length[slot] = options.block_length
+        self.steps_per_block[slot] = options.steps_per_block
+        self.block_masked[slot] = 0
+        self.random_remasking[slot] = options.remasking == "random"
+        self.logits_eos_inf[slot] = options.logits_eos_inf
+        self.confidence_eos_eot_inf[slot] = options.confidence_eos_eot_inf
 
-    def block_bounds(self) -> tuple[int, int]:
-        start = self.block * self.options.block_length
-        return start, start + self.options.block_length
+    def plan(self, slots: torch.Tensor, width: int) -> StepPlan:
+        step, spb, length = self.state.step[slots], self.steps_per_block[slots], self.block_length[slots]
+        step_in_block = step % spb
+        start = (step // spb) * length
+        columns = torch.arange(width, device=slots.device)
+        in_block = (columns >= start[:, None]) & (columns < (start + length)[:, None])
+        candidates = self.state.masked(slots, width) & in_block
+        block_masked = torch.where(step_in_block == 0, candidates.sum(dim=1), self.block_masked[slots])
+        self.block_masked[slots] = block_masked
+        count = torch.minimum(transfer_count(block_masked, spb, step_in_block), candidates.sum(dim=1))
+        return StepPlan(candidates=candidates, count=count)
 
-    def rows_needing_logits(self) -> torch.Tensor:
-        start, end = self.block_bounds()
-        if self.step_in_block == 0:
-            num_masked = int(self.masked[start:end].sum())
-            self._counts = transfer_counts(num_masked, self.options.steps_per_block)
-        return self.masked[start:end].nonzero().flatten() + start
-
-    def reduce(
-        self, logits: torch.Tensor, positions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        opts, ids = self.options, self.ids
-        if opts.logits_eos_inf:
-            logits[:, ids.eos] = float("-inf")
-        if opts.temperature > 0:
-            noisy = torch.empty(logits.shape, dtype=torch.float64, device=logits.device)
-            for row, pos in enumerate(positions.tolist()):
-                gen = rng.generator(self.seed, self.step, pos, rng.GUMBEL)
-                u = torch.rand(logits.shape[1], dtype=torch.float64, generator=gen)
-                noisy[row] = (-torch.log(u)).pow(opts.temperature).to(logits.device)
-            noisy = torch.exp(logits.double()) / noisy
-            tokens = noisy.argmax(dim=-1)
-            del noisy
+    def reduce(self, logits, slots, positions):
+        ids, state = self.ids, self.state
+        temperature = state.temperature[slots]
+        seeds, steps = state.seed[slots], state.step[slots]
+        eos = logits[:, ids.eos]
+        logits[:, ids.eos] = torch.where(self.logits_eos_inf[slots], float("-inf"), eos)
+        if self.sampled:
+            u = sampling.uniform(seeds, steps, positions, sampling.LLADA_SAMPLE, torch.float64)
+            tokens = sampling.sample(logits, temperature, u)
         else:
             tokens = logits.argmax(dim=-1)
-        if opts.confidence_eos_eot_inf:
-            # The reference's chained assignment: at T == 0 the noisy logits are the
-            # logits themselves, so both EOS and EoT lose their mass; at T > 0 only
-            # EoT does (its EOS write lands on the discarded noisy copy).
-            if opts.temperature == 0:
-                logits[:, ids.eos] = float("-inf")
-            if ids.eot is not None:
-                logits[:, ids.eot] = float("-inf")
-        if opts.remasking == "low_confidence":
-            probs = torch.softmax(logits, dim=-1)
-            confidence = probs.gather(1, tokens[:, None]).squeeze(1)
-        else:
-            confidence = torch.stack(
-                [
-                    torch.rand(
-                        1,
-                        dtype=torch.float32,
-                        generator=rng.generator(self.seed, self.step, pos, rng.REMASK),
-                    )[0]
-                    for pos in positions.tolist()
-                ]
-            ).to(logits.device)
+        # The reference's chained assignment: at T == 0 the noisy logits are the
+        # logits themselves, so both EOS and EoT lose their mass; at T > 0 only EoT
+        # does (its EOS write lands on the discarded noisy copy).
+        conf_inf = self.confidence_eos_eot_inf[slots]
+        eos = logits[:, ids.eos]
+        logits[:, ids.eos] = torch.where(conf_inf & (temperature == 0), float("-inf"), eos)
+        if ids.eot is not None:
+            eot = logits[:, ids.eot]
+            logits[:, ids.eot] = torch.where(conf_inf, float("-inf"), eot)
+        confidence = torch.softmax(logits, dim=-1).gather(1, tokens[:, None]).squeeze(1)
+        drawn = sampling.uniform(seeds, steps, positions, sampling.REMASK, torch.float32)
+        confidence = torch.where(self.random_remasking[slots], drawn, confidence)
         return tokens, confidence
-
-    def commit(
-        self, positions: torch.Tensor, tokens: torch.Tensor, confidence: torch.Tensor
-    ) -> None:
-        count = self._counts[self.step_in_block] if self._counts else 0
-        count = min(count, len(positions))
-        self.commit_most_confident(positions.cpu(), tokens.cpu(), confidence.cpu(), count)
-        self.step += 1

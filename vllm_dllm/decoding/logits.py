@@ -1,9 +1,9 @@
-"""The mask-only, chunked logits path.
+"""The mask-only, chunked logits path, over the candidates of the whole batch.
 
-Only hidden rows whose canvas position still needs a token reach the LM head, at
-most `max_rows` logits rows at a time; each chunk is reduced at once to
-(token, confidence) by the decoding rule and freed.  The full [tokens, vocab]
-tensor never exists.
+Only hidden rows whose canvas position needs a token reach the LM head, at most
+`max_rows` logits rows at a time whichever requests they belong to; each chunk is
+reduced at once to (token, confidence) by the rule and freed.  The full
+[tokens, vocab] tensor never exists.
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from collections.abc import Callable
 
 import torch
 
+from vllm_dllm.decoding.base import BatchedRule
+
 Project = Callable[[torch.Tensor], torch.Tensor]
-Reduce = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 def rows_per_chunk(max_rows: int, copies: int) -> int:
-    """Canvas positions per chunk when each needs `copies` logits rows (CFG: 2)."""
+    """Candidates per chunk when each needs `copies` logits rows (CFG: 2)."""
     if max_rows < copies:
         raise ValueError(f"a chunk of {max_rows} logits rows cannot hold {copies} rows per position")
     return max_rows // copies
@@ -26,37 +27,41 @@ def rows_per_chunk(max_rows: int, copies: int) -> int:
 def chunked_reduce(
     hidden: torch.Tensor,
     cond_rows: torch.Tensor,
+    slots: torch.Tensor,
     positions: torch.Tensor,
     project: Project,
-    reduce: Reduce,
+    rule: BatchedRule,
     max_rows: int,
     *,
     uncond_rows: torch.Tensor | None = None,
-    cfg_scale: float = 0.0,
+    cfg_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Project `hidden[cond_rows]` chunk by chunk and reduce each chunk.
+    """Project `hidden[cond_rows]` chunk by chunk and reduce each chunk with `rule`.
 
-    With `uncond_rows`, each chunk also projects the unconditional rows and combines
-    them as classifier-free guidance: un + (cfg + 1) * (cond - un).
+    With `uncond_rows` (one per candidate; a candidate without guidance names its
+    conditional row again and has scale 0), each chunk also projects the
+    unconditional rows and combines them as classifier-free guidance:
+    un + (cfg + 1) * (cond - un), which is exactly `cond` when both rows are one.
     """
-    if len(cond_rows) == 0:
+    count = len(cond_rows)
+    if count == 0:
         empty = torch.empty(0, dtype=torch.long, device=hidden.device)
         return empty, torch.empty(0, dtype=torch.float32, device=hidden.device)
-    copies = 1 if uncond_rows is None else 2
-    step = rows_per_chunk(max_rows, copies)
+    step = rows_per_chunk(max_rows, 1 if uncond_rows is None else 2)
     tokens, confidence = [], []
-    for start in range(0, len(cond_rows), step):
-        end = start + step
+    for start in range(0, count, step):
+        chunk = slice(start, start + step)
         if uncond_rows is None:
-            logits = project(hidden[cond_rows[start:end]])
+            logits = project(hidden[cond_rows[chunk]])
         else:
-            rows = torch.cat([cond_rows[start:end], uncond_rows[start:end]])
-            both = project(hidden[rows])
-            cond, uncond = both.chunk(2)
-            logits = uncond + (cfg_scale + 1) * (cond - uncond)
-            del both, cond, uncond
-        chunk_tokens, chunk_conf = reduce(logits, positions[start:end])
+            rows = torch.cat([cond_rows[chunk], uncond_rows[chunk]])
+            cond, uncond = project(hidden[rows]).chunk(2)
+            logits = uncond + (cfg_scale[chunk, None] + 1) * (cond - uncond)
+            del cond, uncond
+        chunk_tokens, chunk_conf = rule.reduce(logits, slots[chunk], positions[chunk])
         del logits
         tokens.append(chunk_tokens)
         confidence.append(chunk_conf)
+    if len(tokens) == 1:
+        return tokens[0], confidence[0]
     return torch.cat(tokens), torch.cat(confidence)

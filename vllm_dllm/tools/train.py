@@ -24,7 +24,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from vllm_dllm.decoding.base import SpecialIds, make_rule
+from vllm_dllm.decoding.base import DecodeState, SpecialIds, make_rule
 from vllm_dllm.options import LLADA, LLaDAOptions
 from vllm_dllm.tasks import TASKS, TEST, TRAIN, Task, score
 from vllm_dllm.training.checkpoint import build_tokenizer, write_checkpoint
@@ -129,18 +129,23 @@ def evaluate(model, task: Task, encoder: Encoder, n: int, seed: int) -> float:
     )
     instances = [task.sample(rng, TEST) for _ in range(n)]
     prompts = [encoder.prompt(i.prompt) for i in instances]
-    rules = [make_rule(LLADA, options, special, seed=0, prompt_len=len(p)) for p in prompts]
+    state = DecodeState(n, options.gen_length, special, torch.device("cpu"))
+    rule = make_rule(LLADA, state)
+    for slot in range(n):
+        state.admit(slot, options, seed=0)
+        rule.admit(slot, options)
+    slots = torch.arange(n)
+    device = next(model.parameters()).device
     for _ in range(options.steps):
-        batch, lengths, starts = pack(prompts, [r.canvas.tolist() for r in rules], ids["eos"])
-        device = next(model.parameters()).device
+        batch, lengths, starts = pack(prompts, state.canvas.tolist(), ids["eos"])
         logits = model(batch.to(device), lengths.to(device)).float().cpu()
-        for row, rule in enumerate(rules):
-            positions = rule.rows_needing_logits()
-            tokens, conf = rule.reduce(logits[row, starts[row] + positions].clone(), positions)
-            rule.commit(positions, tokens, conf)
+        rule.prepare(slots)
+        plan = rule.plan(slots, options.gen_length)
+        rows, positions = plan.candidates.nonzero(as_tuple=True)
+        tokens, conf = rule.reduce(logits[rows, starts[rows] + positions].clone(), rows, positions)
+        rule.commit_candidates(slots, plan, rows, positions, tokens, conf)
     correct = 0
-    for inst, rule in zip(instances, rules):
-        out = rule.canvas.tolist()
+    for inst, out in zip(instances, state.canvas.tolist()):
         cut = [i for i, tok in enumerate(out) if tok in (ids["eot"], ids["eos"])]
         correct += score(inst, encoder.decode(out[: cut[0]] if cut else out))
     return correct / n

@@ -1,16 +1,15 @@
-"""The diffusion model runner: one denoising step for every scheduled request.
+"""The diffusion model runner: vLLM's runner surface over the step engine.
 
-Data path of a step: update request states from the scheduler output -> pack the
-query tokens of every scheduled sequence into one varlen batch -> forward (attention
-writes and reads the paged pool) -> for each request, only the hidden rows of
-positions that still need a token go through the LM head, in chunks -> the decoding
-rule commits tokens -> newly final tokens go back to vLLM's scheduler.
+A thin adapter: it loads the model and carves the KV pool with vLLM's pieces,
+translates each SchedulerOutput into request events (new, resumed, preempted,
+finished) and one `StepEngine.step`, and hands the newly final tokens back as a
+ModelRunnerOutput.  The step itself lives in vllm_dllm/engine/.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from vllm.config import VllmConfig
@@ -21,13 +20,10 @@ from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 
-from vllm_dllm.attention.context import attention_context
-from vllm_dllm.decoding.base import DecodingRule, SpecialIds, make_rule
-from vllm_dllm.decoding.logits import chunked_reduce
-from vllm_dllm.options import resolve, sequence_copies
-from vllm_dllm.phases import StepPhase, step_phase
+from vllm_dllm.attention.backends import select_backend
+from vllm_dllm.engine.engine import StepEngine
+from vllm_dllm.options import resolve
 from vllm_dllm.server_config import server_defaults
-from vllm_dllm.worker.batch import PackedSequence, pack, slots_for
 from vllm_dllm.worker.kv_pool import bind_kv_pool
 from vllm_dllm.worker.special_ids import special_ids
 
@@ -48,46 +44,6 @@ class DiffusionRunnerOutput(ModelRunnerOutput):
     logits_rows: int = 0
 
 
-@dataclass
-class RequestState:
-    req_id: str
-    prompt: torch.Tensor
-    rule: DecodingRule
-    block_ids: list[int] = field(default_factory=list)
-    emitted: int = 0
-    has_cache: bool = False  # its KV blocks hold a Refresh's K/V
-
-    @property
-    def seq_len(self) -> int:
-        return len(self.prompt) + self.rule.options.gen_length
-
-    @property
-    def uses_cfg(self) -> bool:
-        return self.rule.options.uses_cfg
-
-    def phase(self) -> StepPhase:
-        return step_phase(self.rule.options, self.rule.step, len(self.prompt), self.has_cache)
-
-    def sequences(self, block_size: int, phase: StepPhase) -> list[PackedSequence]:
-        """This step's sequences: the canvas, and its prompt-masked twin under CFG."""
-        tokens = torch.cat([self.prompt, self.rule.canvas])
-        queries = torch.arange(phase.query_start, phase.query_end)
-        slots = slots_for(self.block_ids, block_size, 0, self.seq_len)
-        seqs = [PackedSequence(tokens, queries, slots, write_kv=phase.refresh)]
-        if self.uses_cfg:
-            uncond = tokens.clone()
-            uncond[: len(self.prompt)] = self.rule.ids.mask
-            twin_slots = slots_for(self.block_ids, block_size, self.seq_len, self.seq_len)
-            seqs.append(PackedSequence(uncond, queries, twin_slots, write_kv=phase.refresh))
-        return seqs
-
-    def take_final_tokens(self) -> list[int]:
-        final = self.rule.num_final()
-        tokens = self.rule.canvas[self.emitted : final].tolist()
-        self.emitted = final
-        return tokens
-
-
 class DiffusionModelRunner:
     # Capabilities vLLM's workers ask their runner about.
     is_pooling_model = False
@@ -106,8 +62,7 @@ class DiffusionModelRunner:
         )
         self.model = None
         self.kv_caches: list[torch.Tensor] = []
-        self.states: dict[str, RequestState] = {}
-        self.ids: SpecialIds | None = None
+        self.engine: StepEngine | None = None
 
     # ---- worker surface ----------------------------------------------------
 
@@ -115,8 +70,21 @@ class DiffusionModelRunner:
         if load_dummy_weights:
             raise ValueError("dummy weights are not supported by the diffusion runner")
         self.model = get_model(vllm_config=self.vllm_config)
-        self.ids = special_ids(self.model_config)
-        logger.info("Diffusion model loaded; special ids %s", self.ids)
+        logger.info("Diffusion model loaded; special ids %s", special_ids(self.model_config))
+        self._build_engine()
+
+    def _build_engine(self) -> None:
+        self.engine = StepEngine(
+            self.model,
+            kind=self.defaults.kind,
+            ids=special_ids(self.model_config),
+            capacity=self.vllm_config.scheduler_config.max_num_seqs,
+            max_model_len=self.model_config.max_model_len,
+            block_size=self.block_size,
+            max_num_logits=self.defaults.max_num_logits,
+            backend=select_backend(self.device, self.defaults.attention_backend),
+            device=self.device,
+        )
 
     def get_model(self):
         return self.model
@@ -126,6 +94,8 @@ class DiffusionModelRunner:
 
     def update_max_model_len(self, max_model_len: int) -> None:
         self.model_config.max_model_len = max_model_len
+        if self.engine is not None:
+            self._build_engine()  # before any request: its tensors are sized by the length
 
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
         return {
@@ -159,7 +129,7 @@ class DiffusionModelRunner:
         return None
 
     def shutdown(self) -> None:
-        self.states.clear()
+        self.engine = None
         for layer in self.model.model.attention_layers() if self.model is not None else []:
             layer.kv_cache = None
         self.kv_caches = []
@@ -175,110 +145,47 @@ class DiffusionModelRunner:
         # it returned None, which it never does.
         return EMPTY_MODEL_RUNNER_OUTPUT
 
-    @torch.inference_mode()
     def profile_step(self) -> None:
         """A dummy step at the configured caps, so memory profiling sees the peak."""
-        max_len = self.model_config.max_model_len
-        remaining, sequences = self.max_num_tokens, []
-        while remaining > 0:
-            n = min(remaining, max_len)
-            tokens = torch.zeros(n, dtype=torch.long)
-            sequences.append(PackedSequence(tokens, torch.arange(n), torch.zeros(n, dtype=torch.long)))
-            remaining -= n
-        batch = pack(sequences, self.device)
-        with attention_context(batch.context):
-            hidden = self.model(batch.input_ids, batch.positions)
-        rows = min(self.defaults.max_num_logits, len(hidden))
-        logits = self.model.compute_logits(hidden[:rows])
-        # The costliest reduction: Gumbel noise in float64 over every row.
-        noise = torch.rand(logits.shape, dtype=torch.float64, device=logits.device)
-        noisy = torch.exp(logits.double()) / (-torch.log(noise))
-        del noisy, noise, logits, hidden
+        self.engine.profile_step(self.max_num_tokens)
 
     warming_up_model = profile_step
 
     # ---- one step ------------------------------------------------------------
 
-    @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput, intermediate_tensors=None) -> ModelRunnerOutput:
         self._update_states(scheduler_output)
         order = list(scheduler_output.num_scheduled_tokens)
         if not order:
             return EMPTY_MODEL_RUNNER_OUTPUT
-        states = [self.states[req_id] for req_id in order]
-        sequences, first_seq, phases = [], [], []
-        for state in states:
-            phase = state.phase()
-            scheduled = scheduler_output.num_scheduled_tokens[state.req_id]
-            expected = phase.num_queries * sequence_copies(state.rule.options)
-            if scheduled != expected:
-                raise RuntimeError(
-                    f"request {state.req_id}: scheduler planned {scheduled} query tokens, "
-                    f"its {'Refresh' if phase.refresh else 'Reuse'} step has {expected}"
-                )
-            phases.append(phase)
-            first_seq.append(len(sequences))
-            sequences.extend(state.sequences(self.block_size, phase))
-        batch = pack(sequences, self.device)
-        with attention_context(batch.context):
-            hidden = self.model(batch.input_ids, batch.positions)
-        new_tokens, logits_rows = [], 0
-        for state, phase, seq_index in zip(states, phases, first_seq):
-            logits_rows += self._denoise(state, phase, hidden, batch.query_starts, seq_index)
-            state.has_cache = state.has_cache or phase.refresh
-            new_tokens.append(state.take_final_tokens())
+        planned = [scheduler_output.num_scheduled_tokens[req_id] for req_id in order]
+        result = self.engine.step(order, planned)
         return DiffusionRunnerOutput(
             req_ids=order,
             req_id_to_index={req_id: i for i, req_id in enumerate(order)},
-            sampled_token_ids=new_tokens,
-            logits_rows=logits_rows,
+            sampled_token_ids=result.new_tokens,
+            logits_rows=result.logits_rows,
         )
-
-    def _denoise(
-        self, state: RequestState, phase: StepPhase, hidden: torch.Tensor, starts: list[int], seq_index: int
-    ) -> int:
-        """One denoising step of one request; returns the LM-head rows it computed."""
-        rule = state.rule
-        positions = rule.rows_needing_logits()
-        source = self.model.prediction_rows(positions + len(state.prompt))
-        if len(source) and (int(source.min()) < phase.query_start or int(source.max()) >= phase.query_end):
-            raise RuntimeError(f"request {state.req_id}: a position needing logits is not a query this step")
-        sequence_rows = (source - phase.query_start).to(self.device)
-        cond_rows = starts[seq_index] + sequence_rows
-        uncond_rows = starts[seq_index + 1] + sequence_rows if state.uses_cfg else None
-        tokens, confidence = chunked_reduce(
-            hidden,
-            cond_rows,
-            positions,
-            self.model.compute_logits,
-            rule.reduce,
-            self.defaults.max_num_logits,
-            uncond_rows=uncond_rows,
-            cfg_scale=getattr(rule.options, "cfg_scale", 0.0),
-        )
-        rule.commit(positions, tokens, confidence)
-        return len(cond_rows) * (2 if uncond_rows is not None else 1)
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
+        engine = self.engine
         for req_id in scheduler_output.finished_req_ids:
-            self.states.pop(req_id, None)
+            engine.remove(req_id)
         for req_id in scheduler_output.preempted_req_ids or ():
-            if req_id in self.states:
-                # Its KV blocks were freed: the step after resuming must Refresh.
-                self.states[req_id].has_cache = False
+            if req_id in engine:
+                engine.drop_cache(req_id)
         for new in scheduler_output.scheduled_new_reqs:
-            state = self.states.get(new.req_id)
-            if state is None:
-                state = self._new_state(new)
-                self.states[new.req_id] = state
-            # A resumed request keeps its canvas; only its KV blocks are new.
-            state.block_ids = list(new.block_ids[0])
+            if new.req_id in engine:
+                # A resumed request keeps its canvas; only its KV blocks are new.
+                engine.set_blocks(new.req_id, list(new.block_ids[0]))
+            else:
+                self._add(new)
         cached = scheduler_output.scheduled_cached_reqs
         for req_id, new_blocks in zip(cached.req_ids, cached.new_block_ids):
             if new_blocks:
-                self.states[req_id].block_ids.extend(new_blocks[0])
+                engine.append_blocks(req_id, list(new_blocks[0]))
 
-    def _new_state(self, new: NewRequestData) -> RequestState:
+    def _add(self, new: NewRequestData) -> None:
         params = new.sampling_params
         options = resolve(
             self.defaults,
@@ -289,6 +196,4 @@ class DiffusionModelRunner:
             extra_args=params.extra_args,
         )
         seed = params.seed if params.seed is not None else unseeded_seed(new.req_id, self.model_config.seed)
-        prompt = torch.tensor(new.prompt_token_ids, dtype=torch.long)
-        rule = make_rule(self.defaults.kind, options, self.ids, seed, prompt_len=len(prompt))
-        return RequestState(req_id=new.req_id, prompt=prompt, rule=rule)
+        self.engine.add(new.req_id, list(new.prompt_token_ids), options, seed, list(new.block_ids[0]))

@@ -1,0 +1,315 @@
+"""Step engine vs an ideal batched step, on an LLaDA-8B-shaped plain-torch model.
+
+    python benchmarks/step_bench.py --out benchmarks/results/step-gpu     # CUDA, bf16, 8B shape
+    python benchmarks/step_bench.py --small --out benchmarks/results/step  # CPU, small shape
+
+Imports no vLLM, so it runs on a bare GPU machine (torch + triton).  Each case runs
+our engine (vllm_dllm.engine.StepEngine over the paged pool, with the backend chosen
+for the device) and, in the same invocation, an ideal implementation of the same
+maths: dense per-request K/V, one SDPA per layer over the padded batch, one LM head
+over all rows, the rule as a handful of batched ops.  Reported: median ms per step,
+and the ratio ours / ideal.  Also the torch ops one engine step dispatches at 1, 4
+and 16 requests (the step's cost must not grow with per-request Python).
+
+Cases: Refresh of one sequence; Reuse steps (32-query blocks) of N requests over a
+context; the LM head + LLaDA rule over N x 32 rows at T = 0 and T = 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from vllm_dllm.attention.backends import select_backend  # noqa: E402
+from vllm_dllm.decoding.base import SpecialIds  # noqa: E402
+from vllm_dllm.decoding.logits import chunked_reduce  # noqa: E402
+from vllm_dllm.engine.engine import StepEngine  # noqa: E402
+from vllm_dllm.engine.op_count import OpCounter  # noqa: E402
+from vllm_dllm.engine.torch_model import LLADA_8B, ModelShape, build_model, rms_norm  # noqa: E402
+from vllm_dllm.options import LLaDAOptions  # noqa: E402
+
+BLOCK = 32
+BLOCK_SIZE = 16
+SMALL = ModelShape(vocab_size=8192, hidden_size=256, intermediate_size=768, num_layers=4, num_heads=4, num_kv_heads=4)
+
+
+def options(gen: int, cache: str, temperature: float = 0.0) -> LLaDAOptions:
+    return LLaDAOptions(
+        gen_length=gen, steps=gen, block_length=BLOCK, remasking="low_confidence", temperature=temperature,
+        cfg_scale=0.0, logits_eos_inf=False, confidence_eos_eot_inf=False, cache=cache,
+    )
+
+
+class Timer:
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def median_ms(self, fn, reps: int, warmup: int = 2) -> float:
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(reps):
+            self.sync()
+            start = time.perf_counter()
+            fn()
+            self.sync()
+            times.append((time.perf_counter() - start) * 1e3)
+        return statistics.median(times)
+
+
+# ---- ours -------------------------------------------------------------------
+
+
+def make_engine(model, requests: int, context: int, device, max_num_logits: int = 1024) -> StepEngine:
+    blocks = -(-context // BLOCK_SIZE)
+    model.allocate_kv_pool(requests * blocks + 1, BLOCK_SIZE, next(model.parameters()).dtype, device)
+    vocab = model.shape.vocab_size
+    return StepEngine(
+        model, kind="llada", ids=SpecialIds(mask=vocab - 1, eos=vocab - 2, eot=vocab - 3), capacity=requests,
+        max_model_len=context, block_size=BLOCK_SIZE, max_num_logits=max_num_logits,
+        backend=select_backend(device), device=device,
+    )
+
+
+def add(engine: StepEngine, requests: int, context: int, gen: int, cache: str, temperature: float = 0.0) -> list[str]:
+    blocks = -(-context // BLOCK_SIZE)
+    ids = []
+    for i in range(requests):
+        prompt = [(17 * i + j) % 1000 + 10 for j in range(context - gen)]
+        engine.add(f"r{i}", prompt, options(gen, cache, temperature), seed=i,
+                   block_ids=list(range(1 + i * blocks, 1 + (i + 1) * blocks)))
+        ids.append(f"r{i}")
+    return ids
+
+
+def release(model) -> None:
+    for attn in model.attention_layers():
+        attn.bind_kv_cache(None)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def ours_reuse(model, requests, context, timer, reps, device):
+    engine = make_engine(model, requests, context, device)
+    gen = BLOCK * max(1, (reps + 4) // BLOCK + 1)
+    ids = add(engine, requests, context, gen, "dual")
+    engine.step(ids)  # the Refresh that fills the cache; every later step of the block is a Reuse
+    ms = timer.median_ms(lambda: engine.step(ids), reps)
+    release(model)
+    return ms
+
+
+def ours_refresh(model, context, timer, reps, device):
+    engine = make_engine(model, 1, context, device)
+    ids = add(engine, 1, context, BLOCK * ((reps + 4) // BLOCK + 1), "none")
+    ms = timer.median_ms(lambda: engine.step(ids), reps)
+    release(model)
+    return ms
+
+
+def ours_head(model, requests, temperature, timer, reps, device):
+    """LM head + rule over requests x 32 candidate rows, through the engine's path."""
+    engine = make_engine(model, requests, 2 * BLOCK, device)
+    ids = add(engine, requests, 2 * BLOCK, BLOCK, "none", temperature)
+    hidden = torch.randn(requests * 2 * BLOCK, model.shape.hidden_size, device=device,
+                         dtype=next(model.parameters()).dtype)
+    slots = torch.arange(requests, device=device)
+
+    def run():
+        engine.rule.prepare(slots.cpu())
+        plan = engine.rule.plan(slots, BLOCK)
+        rows, positions = plan.candidates.nonzero(as_tuple=True)
+        cond = rows * 2 * BLOCK + BLOCK + positions
+        tokens, conf = chunked_reduce(hidden, cond, slots[rows], positions, model.compute_logits, engine.rule,
+                                      engine.max_num_logits)
+        # Measure the same step again and again: commit, then put the canvas back.
+        canvas = engine.decode.canvas.clone()
+        engine.rule.commit_candidates(slots, plan, rows, positions, tokens, conf)
+        engine.decode.canvas.copy_(canvas)
+        engine.decode.step[slots] -= 1
+
+    ms = timer.median_ms(run, reps)
+    release(model)
+    return ms
+
+
+# ---- ideal ------------------------------------------------------------------
+
+
+class IdealStep:
+    """The same maths with dense per-request K/V and no bookkeeping at all."""
+
+    def __init__(self, model, requests: int, context: int, device):
+        s = model.shape
+        dtype = next(model.parameters()).dtype
+        self.model, self.requests, self.context = model, requests, context
+        self.kv = [torch.zeros(2, requests, s.num_kv_heads, context, s.head_dim, dtype=dtype, device=device)
+                   for _ in model.layers]
+        self.ids = torch.randint(0, s.vocab_size - 4, (requests, context), device=device)
+        self.positions = torch.arange(context, device=device)
+
+    def forward(self, start: int, length: int, write: bool) -> torch.Tensor:
+        m, s = self.model, self.model.shape
+        n = self.requests
+        pos = self.positions[start : start + length]
+        x = m.embed(self.ids[:, start : start + length]).reshape(n * length, -1)
+        flat_pos = pos.repeat(n)
+        for layer, kv in zip(m.layers, self.kv):
+            q, k, v = layer.qkv(rms_norm(x, layer.input_norm)).split([layer.q_size, layer.kv_size, layer.kv_size], -1)
+            q = layer.rope(flat_pos, q.view(n * length, -1, s.head_dim))
+            k = layer.rope(flat_pos, k.view(n * length, -1, s.head_dim))
+            k = k.view(n, length, -1, s.head_dim).transpose(1, 2)
+            v = v.view(n, length, -1, s.head_dim).transpose(1, 2)
+            kv[0][:, :, start : start + length] = k
+            kv[1][:, :, start : start + length] = v
+            keys, values = (kv[0], kv[1]) if not write or length < self.context else (k, v)
+            o = F.scaled_dot_product_attention(
+                q.view(n, length, -1, s.head_dim).transpose(1, 2), keys, values,
+                enable_gqa=s.num_heads != s.num_kv_heads,
+            )
+            x = x + layer.out(o.transpose(1, 2).reshape(n * length, -1))
+            gate, up = layer.gate_up(rms_norm(x, layer.post_attn_norm)).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
+        return rms_norm(x, m.final_norm)
+
+    def head(self, hidden: torch.Tensor, temperature: float) -> torch.Tensor:
+        logits = self.model.compute_logits(hidden)
+        if temperature > 0:
+            noise = -torch.log(torch.rand(logits.shape, dtype=torch.float64, device=logits.device))
+            tokens = (logits.double().exp() / noise**temperature).argmax(-1)
+        else:
+            tokens = logits.argmax(-1)
+        conf = torch.softmax(logits.float(), -1).gather(1, tokens[:, None]).view(self.requests, -1)
+        return torch.topk(conf, 1, dim=1).indices
+
+    def step(self, start: int, length: int, write: bool, temperature: float = 0.0):
+        hidden = self.forward(start, length, write)
+        return self.head(hidden.view(self.requests, length, -1)[:, -BLOCK:].reshape(-1, hidden.shape[-1]),
+                         temperature)
+
+
+def ideal_reuse(model, requests, context, timer, reps, device):
+    ideal = IdealStep(model, requests, context, device)
+    ideal.step(0, context, True)
+    ms = timer.median_ms(lambda: ideal.step(context - BLOCK, BLOCK, False), reps)
+    del ideal
+    release(model)
+    return ms
+
+
+def ideal_refresh(model, context, timer, reps, device):
+    ideal = IdealStep(model, 1, context, device)
+    ms = timer.median_ms(lambda: ideal.step(0, context, True), reps)
+    del ideal
+    release(model)
+    return ms
+
+
+def ideal_head(model, requests, temperature, timer, reps, device):
+    ideal = IdealStep(model, requests, BLOCK, device)
+    hidden = torch.randn(requests * BLOCK, model.shape.hidden_size, device=device,
+                         dtype=next(model.parameters()).dtype)
+    ms = timer.median_ms(lambda: ideal.head(hidden, temperature), reps)
+    del ideal
+    return ms
+
+
+# ---- op counts --------------------------------------------------------------
+
+
+def op_counts(device) -> list[dict]:
+    """Ops of one Reuse step at 1, 4 and 16 requests (same phase mix), small model."""
+    model = build_model(SMALL, torch.float32, device)
+    rows = []
+    for requests in (1, 4, 16):
+        engine = make_engine(model, requests, 256, device)
+        ids = add(engine, requests, 256, 4 * BLOCK, "dual")
+        engine.step(ids)
+        engine.step(ids)
+        with OpCounter() as counter:
+            engine.step(ids)
+        rows.append({"requests": requests, "ops_per_step": counter.total, "sync_ops_per_step": counter.syncs})
+        release(model)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--small", action="store_true", help="small model and contexts (CPU)")
+    parser.add_argument("--out", type=pathlib.Path, required=True)
+    parser.add_argument("--reps", type=int, default=None)
+    args = parser.parse_args()
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.small:
+        shape, dtype, contexts, reuse_requests, refresh_contexts, head_requests = (
+            SMALL, torch.float32, (128, 512), (1, 4, 16, 64), (128, 512), 16)
+    else:
+        shape, dtype, contexts, reuse_requests, refresh_contexts, head_requests = (
+            LLADA_8B, torch.bfloat16, (512, 2048), (1, 4, 16, 64), (512, 4096), 16)
+    reps = args.reps or (5 if device.type == "cpu" else 20)
+    timer = Timer(device)
+    torch.set_grad_enabled(False)
+    model = build_model(shape, dtype, device)
+
+    cases = []
+
+    def record(case, requests, context, ours, ideal):
+        cases.append({"case": case, "requests": requests, "context": context, "ours_ms": round(ours, 3),
+                      "ideal_ms": round(ideal, 3), "ratio": round(ours / ideal, 3)})
+        print(f"{case:>10} {requests:>4} x {context:<6} ours {ours:9.2f} ms  ideal {ideal:9.2f} ms  "
+              f"ratio {ours / ideal:5.2f}", flush=True)
+
+    for context in refresh_contexts:
+        record("refresh", 1, context, ours_refresh(model, context, timer, reps, device),
+               ideal_refresh(model, context, timer, reps, device))
+    for context in contexts:
+        for requests in reuse_requests:
+            kv_bytes = 2 * requests * context * shape.num_layers * shape.num_kv_heads * shape.head_dim * 2
+            if device.type == "cuda" and 2 * kv_bytes > torch.cuda.mem_get_info()[0] * 0.8:
+                print(f"skip reuse {requests} x {context}: KV does not fit twice", flush=True)
+                continue
+            record("reuse", requests, context, ours_reuse(model, requests, context, timer, reps, device),
+                   ideal_reuse(model, requests, context, timer, reps, device))
+    for temperature in (0.0, 1.0):
+        record(f"head_T{temperature:g}", head_requests, BLOCK,
+               ours_head(model, head_requests, temperature, timer, reps, device),
+               ideal_head(model, head_requests, temperature, timer, reps, device))
+
+    result = {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+        "torch": torch.__version__,
+        "shape": {**shape.__dict__, "dtype": str(dtype).replace("torch.", "")},
+        "backend": select_backend(device).name,
+        "graphs": "not implemented (eager only)",
+        "reps": reps,
+        "cases": cases,
+        "op_counts": op_counts(device),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = ["| case | requests | context | ours ms | ideal ms | ratio |", "|---|---|---|---|---|---|"]
+    lines += [f"| {c['case']} | {c['requests']} | {c['context']} | {c['ours_ms']} | {c['ideal_ms']} | {c['ratio']} |"
+              for c in cases]
+    lines += ["", "| requests | ops per step | sync ops per step |", "|---|---|---|"]
+    lines += [f"| {r['requests']} | {r['ops_per_step']} | {r['sync_ops_per_step']} |" for r in result["op_counts"]]
+    (args.out / "table.md").write_text(f"Device: {result['device']}, torch {result['torch']}\n\n" + "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""The vLLM-free step engine: batched attention, vectorised phases, and a step whose
+cost does not grow with per-request Python (counted torch ops per step)."""
+
+from __future__ import annotations
+
+import random
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vllm_dllm.attention.backends import TorchAttention, select_backend
+from vllm_dllm.attention.metadata import attention_metadata
+from vllm_dllm.decoding.base import SpecialIds
+from vllm_dllm.engine.engine import StepEngine
+from vllm_dllm.engine.op_count import OpCounter
+from vllm_dllm.engine.phases import PhaseParams, batch_phases
+from vllm_dllm.engine.step_inputs import SequenceLayout, build_step_inputs
+from vllm_dllm.engine.torch_model import ModelShape, build_model
+from vllm_dllm.options import CACHE_POLICIES, LLaDAOptions
+from vllm_dllm.phases import step_phase
+
+BLOCK_SIZE = 16
+SHAPE = ModelShape(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
+IDS = SpecialIds(mask=63, eos=1, eot=2)
+
+def llada(gen=32, steps=32, block=8, cache="dual", cfg=0.0, T=0.0, delay=0) -> LLaDAOptions:
+    return LLaDAOptions(
+        gen_length=gen, steps=steps, block_length=block, remasking="low_confidence", temperature=T,
+        cfg_scale=cfg, logits_eos_inf=False, confidence_eos_eot_inf=False, cache=cache, delay_step=delay,
+    )
+
+
+def make_engine(capacity=16, max_len=128, backend=None):
+    model = build_model(SHAPE, torch.float32, "cpu", seed=0)
+    model.allocate_kv_pool(num_blocks=512, block_size=BLOCK_SIZE,
+                           dtype=torch.float32, device="cpu")
+    return StepEngine(
+        model, kind="llada", ids=IDS, capacity=capacity, max_model_len=max_len, block_size=BLOCK_SIZE,
+        max_num_logits=1024, backend=backend or TorchAttention(), device=torch.device("cpu"),
+    )
+
+
+def add_requests(engine, count, options, prompt_len=20, first_block=1):
+    blocks_per_request = -(-2 * (prompt_len + options.gen_length) // BLOCK_SIZE)
+    ids = []
+    for i in range(count):
+        req = f"r{i}"
+        start = first_block + i * blocks_per_request
+        prompt = [3 + (7 * i + j) % 50 for j in range(prompt_len)]
+        engine.add(req, prompt, options, seed=i, block_ids=list(range(start, start + blocks_per_request)))
+        ids.append(req)
+    return ids
+
+
+@pytest.mark.parametrize("options,warmup", [
+    (llada(cache="dual"), 1),  # first step Refresh, the second a Reuse of every request
+    (llada(cache="none"), 0),  # Refresh every step
+    (llada(cache="dual", cfg=1.0), 1),  # classifier-free guidance: twin sequences
+])
+def test_step_op_count_does_not_grow_with_requests(options, warmup):
+    counts = {}
+    for requests in (1, 4, 16):
+        engine = make_engine()
+        ids = add_requests(engine, requests, options)
+        for _ in range(warmup + 1):
+            engine.step(ids)  # the first call also settles lazy initialisation
+        with OpCounter() as counter:
+            engine.step(ids)
+        counts[requests] = (counter.total, counter.syncs)
+    assert counts[1] == counts[4] == counts[16], counts
+    assert counts[1][1] <= 6, counts
+
+
+def test_engine_tokens_do_not_depend_on_batch_composition():
+    """A request's tokens alone and batched with others of other shapes and phases."""
+    alone = make_engine()
+    add_requests(alone, 1, llada(gen=16, steps=16, block=8))
+    out_alone = [alone.step(["r0"]).new_tokens[0] for _ in range(16)]
+
+    batched = make_engine()
+    add_requests(batched, 1, llada(gen=16, steps=16, block=8))
+    batched.add("other", [5] * 33, llada(gen=32, steps=16, block=16, cache="none"), seed=9,
+                block_ids=list(range(200, 200 + 9)))
+    batched.add("cfg", [6] * 7, llada(gen=16, steps=8, block=16, cfg=0.5), seed=3,
+                block_ids=list(range(300, 300 + 3)))
+    out_batched = [batched.step(["other", "r0", "cfg"] if k < 8 else ["r0", "other"]).new_tokens for k in range(16)]
+    assert [o[1] if k < 8 else o[0] for k, o in enumerate(out_batched)] == out_alone
+    assert sum(len(t) for t in out_alone) == 16
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_batch_phases_match_the_scheduler_phase(seed):
+    rng = random.Random(seed)
+    rows, expected = [], []
+    for _ in range(40):
+        block = rng.choice([4, 8, 16])
+        blocks = rng.randint(1, 4)
+        spb = rng.randint(1, 6)
+        options = LLaDAOptions(
+            gen_length=block * blocks, steps=spb * blocks, block_length=block, remasking="low_confidence",
+            temperature=0.0, cfg_scale=0.0, logits_eos_inf=False, confidence_eos_eot_inf=False,
+            cache=rng.choice(CACHE_POLICIES), refresh_interval=rng.randint(0, 3), delay_step=rng.randint(0, spb - 1),
+        )
+        prompt_len, step, has_cache = rng.randint(0, 30), rng.randrange(options.steps), rng.random() < 0.7
+        rows.append((options, prompt_len, step, has_cache))
+        expected.append(step_phase(options, step, prompt_len, has_cache))
+    t = lambda values: torch.tensor(values)  # noqa: E731
+    phases = batch_phases(PhaseParams(
+        prompt_len=t([r[1] for r in rows]),
+        gen_length=t([r[0].gen_length for r in rows]),
+        step=t([r[2] for r in rows]),
+        has_cache=t([r[3] for r in rows]),
+        policy=t([CACHE_POLICIES.index(r[0].cache) for r in rows]),
+        block_length=t([r[0].block_length for r in rows]),
+        steps_per_block=t([r[0].steps_per_block for r in rows]),
+        delay_step=t([r[0].delay_step for r in rows]),
+        refresh_interval=t([r[0].refresh_interval for r in rows]),
+    ))
+    got = list(zip(phases.refresh.tolist(), phases.query_start.tolist(), phases.query_end.tolist()))
+    assert got == [(p.refresh, p.query_start, p.query_end) for p in expected]
+
+
+def naive_attention(q, cache, layout, query_start_loc, positions_per_seq, scale):
+    """Per sequence: gather its K/V slot by slot, SDPA with repeated KV heads."""
+    out = torch.empty_like(q)
+    block_size = cache.shape[1]
+    for s, slots in enumerate(positions_per_seq):
+        rows = slice(int(query_start_loc[s]), int(query_start_loc[s + 1]))
+        k = cache[slots // block_size, slots % block_size, 0]
+        v = cache[slots // block_size, slots % block_size, 1]
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        o = F.scaled_dot_product_attention(q[rows].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), scale=scale)
+        out[rows] = o.transpose(0, 1)
+    return out
+
+
+def test_torch_backend_matches_a_per_sequence_loop():
+    """Ragged sequences, a CFG twin after its request in the same blocks, shuffled
+    blocks, Refresh (all positions queries) and Reuse (a slice) in one call."""
+    torch.manual_seed(0)
+    capacity, max_len, heads, kv_heads, dim = 3, 64, 4, 2, 8
+    num_blocks = 40
+    cache = torch.randn(num_blocks, BLOCK_SIZE, 2, kv_heads, dim)
+    block_table = torch.zeros(capacity, 8, dtype=torch.int32)
+    perm = torch.randperm(num_blocks - 1)[:24] + 1
+    block_table[:] = perm.view(capacity, 8).int()
+    layout = SequenceLayout(
+        slot=torch.tensor([0, 1, 2, 1]),
+        twin=torch.tensor([False, False, False, True]),
+        query_start=torch.tensor([0, 20, 5, 20]),
+        num_queries=torch.tensor([37, 8, 1, 8]),
+        seq_len=torch.tensor([37, 45, 50, 45]),
+        kv_start=torch.tensor([0, 0, 0, 45]),
+    )
+    inputs = build_step_inputs(
+        layout, prompt_tokens=torch.zeros(capacity, max_len, dtype=torch.long),
+        prompt_len=torch.full((capacity,), 10), canvas=torch.zeros(capacity, max_len, dtype=torch.long),
+        block_table=block_table, block_size=BLOCK_SIZE, mask_id=IDS.mask, backend=TorchAttention(),
+    )
+    total = int(layout.num_queries.sum())
+    q = torch.randn(total, heads, dim)
+    k, v = torch.randn(total, kv_heads, dim), torch.randn(total, kv_heads, dim)
+    expected_cache = cache.clone()
+    slots = inputs.metadata.query_slots
+    expected_cache[slots // BLOCK_SIZE, slots % BLOCK_SIZE, 0] = k
+    expected_cache[slots // BLOCK_SIZE, slots % BLOCK_SIZE, 1] = v
+    per_seq = []
+    for s in range(4):
+        logical = int(layout.kv_start[s]) + torch.arange(int(layout.seq_len[s]))
+        table = block_table[int(layout.slot[s])].long()
+        per_seq.append(table[logical // BLOCK_SIZE] * BLOCK_SIZE + logical % BLOCK_SIZE)
+    expected = naive_attention(q, expected_cache, layout, inputs.query_start_loc, per_seq, 0.3)
+    with attention_metadata(inputs.metadata):
+        got = TorchAttention().attend(q, k, v, cache, inputs.metadata, 0.3)
+    torch.testing.assert_close(cache, expected_cache, rtol=0, atol=0)
+    # Padded and unpadded SDPA accumulate in different orders: float32 rounding only.
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    # The twin's query slots follow its request's in the same blocks, never overlap.
+    twin_rows = slice(int(inputs.query_start_loc[3]), int(inputs.query_start_loc[4]))
+    cond_rows = slice(int(inputs.query_start_loc[1]), int(inputs.query_start_loc[2]))
+    assert set(slots[twin_rows].tolist()).isdisjoint(slots[cond_rows].tolist())
+
+
+def test_select_backend_defaults_and_refusals():
+    assert select_backend(torch.device("cpu")).name == "torch"
+    assert select_backend(torch.device("cpu"), "torch").name == "torch"
+    with pytest.raises(ValueError, match="unknown attention backend 'flash'"):
+        select_backend(torch.device("cpu"), "flash")
+    with pytest.raises(ValueError, match="runs on CUDA"):
+        select_backend(torch.device("cpu"), "triton")
+
+
+def test_engine_grows_past_its_capacity_and_frees_slots():
+    engine = make_engine(capacity=2)
+    ids = add_requests(engine, 5, llada(gen=16, steps=16, block=8))
+    assert engine.capacity >= 5
+    out = engine.step(ids)
+    assert len(out.new_tokens) == 5
+    engine.remove("r0")
+    assert "r0" not in engine
+    engine.add("again", [4] * 20, llada(gen=16, steps=16, block=8), seed=1, block_ids=list(range(400, 406)))
+    assert engine.step(["again"]).logits_rows == 8

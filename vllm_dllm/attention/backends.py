@@ -1,0 +1,120 @@
+"""Attention backends: one varlen, non-causal, GQA-aware call per layer per step.
+
+Every backend first writes the queries' fresh K/V into their pool slots (one
+scatter), then attends each query over its sequence's K/V in the pool.  Without a
+pool (memory profiling and warm-up run before it exists) each sequence attends over
+its own in-flight K/V, which is only meaningful when all its positions are queries
+(a Refresh).
+
+  torch   the reference and the CPU path: gathers K/V into a padded
+          [sequences, max_seq_len] grid and makes one SDPA call with a key mask.
+  triton  a paged varlen kernel reading K/V through the block table
+          (attention/triton_paged.py); CUDA only, tested on CPU under TRITON_INTERPRET.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+
+from vllm_dllm.attention.metadata import AttentionMetadata
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("torch", "triton")
+
+
+def write_kv(cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+    block_size = cache.shape[1]
+    blocks, offsets = slots // block_size, slots % block_size
+    cache[blocks, offsets, 0] = k.to(cache.dtype)
+    cache[blocks, offsets, 1] = v.to(cache.dtype)
+
+
+class TorchAttention:
+    name = "torch"
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cache: torch.Tensor | None,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        num_seqs, max_q = meta.num_seqs, meta.max_query_len
+        if cache is None:
+            rows = meta.query_start_loc[:-1, None].long() + torch.arange(meta.max_seq_len, device=q.device)
+            rows = torch.where(meta.kv_valid, rows, torch.zeros_like(rows))
+            keys, values = k[rows], v[rows]
+        else:
+            write_kv(cache, k, v, meta.query_slots)
+            block_size = cache.shape[1]
+            blocks, offsets = meta.kv_slots // block_size, meta.kv_slots % block_size
+            keys = cache[blocks, offsets, 0].to(q.dtype)
+            values = cache[blocks, offsets, 1].to(q.dtype)
+        grid = q.new_zeros(num_seqs, max_q, q.shape[1], q.shape[2])
+        grid[meta.query_seq, meta.query_row] = q
+        # [S, L, H, D] -> [S, H, L, D]
+        out = F.scaled_dot_product_attention(
+            grid.transpose(1, 2),
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            attn_mask=meta.kv_valid[:, None, None, :],
+            scale=scale,
+            enable_gqa=q.shape[1] != k.shape[1],
+        )
+        return out.transpose(1, 2)[meta.query_seq, meta.query_row]
+
+
+class TritonAttention:
+    name = "triton"
+
+    def __init__(self) -> None:
+        self._fallback = TorchAttention()
+
+    def attend(self, q, k, v, cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        from vllm_dllm.attention.triton_paged import paged_attention_triton
+
+        if cache is None:
+            return self._fallback.attend(q, k, v, cache, meta, scale)
+        write_kv(cache, k, v, meta.query_slots)
+        return paged_attention_triton(
+            q,
+            cache,
+            meta.query_start_loc,
+            meta.seq_lens,
+            meta.kv_start,
+            meta.block_table,
+            meta.max_query_len,
+            scale,
+        )
+
+
+def triton_available() -> bool:
+    try:
+        from vllm_dllm.attention.triton_paged import HAS_TRITON
+    except ImportError:
+        return False
+    return HAS_TRITON
+
+
+def select_backend(device: torch.device, requested: str | None = None):
+    """The backend for `device`: Triton on CUDA when available, torch otherwise.
+
+    `requested` (the server option `attention_backend`) overrides the choice; asking
+    for Triton where it cannot run is an error, not a silent fallback.
+    """
+    if requested is not None and requested not in BACKENDS:
+        raise ValueError(f"unknown attention backend {requested!r}; choose one of {', '.join(BACKENDS)}")
+    name = requested or ("triton" if device.type == "cuda" and triton_available() else "torch")
+    if name == "triton" and not triton_available():
+        raise ValueError("attention backend 'triton' needs the triton package")
+    if name == "triton" and device.type != "cuda":
+        raise ValueError(f"attention backend 'triton' runs on CUDA devices, not {device.type}")
+    backend = TritonAttention() if name == "triton" else TorchAttention()
+    logger.info("Diffusion attention backend: %s on %s", backend.name, device)
+    return backend

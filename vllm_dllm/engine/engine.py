@@ -1,0 +1,314 @@
+"""The step engine: a persistent batch of diffusion requests and one denoising step
+for any subset of them.  Imports no vLLM.
+
+Data path of a step: phases of the scheduled requests (host tensors) -> packed step
+inputs (engine/step_inputs.py) -> model forward (one attention call per layer for
+the whole batch) -> the rule plans candidates -> the hidden rows of every request's
+candidates go through the LM head together, in chunks -> the rule commits for all
+requests -> newly final tokens come back in one host copy.  Nothing in that path
+loops over requests in Python; host<->device syncs per step: the candidate count
+(to size the LM-head work) and the final copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vllm_dllm.attention.metadata import attention_metadata
+from vllm_dllm.decoding.base import DecodeState, SpecialIds, make_rule
+from vllm_dllm.decoding.logits import chunked_reduce
+from vllm_dllm.engine.phases import PhaseParams, batch_phases
+from vllm_dllm.engine.step_inputs import SequenceLayout, build_step_inputs
+from vllm_dllm.options import CACHE_POLICIES, DecodeOptions, LLaDAOptions, sequence_copies
+
+
+@dataclass
+class BatchLayout:
+    sequences: SequenceLayout  # the scheduled requests in order, then their CFG twins
+    refresh: torch.Tensor  # bool per request: this step is a Refresh
+    tokens: torch.Tensor  # query tokens per request (both copies under CFG)
+    twin_seq: torch.Tensor  # sequence index of each request's twin (its own without CFG)
+
+
+@dataclass
+class StepOutput:
+    new_tokens: list[list[int]]  # per scheduled request, in order
+    logits_rows: int  # LM-head rows this step computed
+
+
+class StepEngine:
+    """Request slots, their canvases and parameters as tensors, and the step.
+
+    `model(input_ids, positions)` returns hidden states and reads attention metadata
+    from the context; `model.compute_logits(hidden_rows)` projects rows to the
+    vocabulary; `model.logits_shift` says whether token j is predicted from the
+    hidden state at j - 1 (Dream) or at j (LLaDA).
+    """
+
+    def __init__(
+        self,
+        model,
+        *,
+        kind: str,
+        ids: SpecialIds,
+        capacity: int,
+        max_model_len: int,
+        block_size: int,
+        max_num_logits: int,
+        backend,
+        device: torch.device,
+    ):
+        self.model = model
+        self.ids = ids
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.max_num_logits = max_num_logits
+        self.backend = backend
+        self.device = device
+        self.logits_shift = bool(getattr(model, "logits_shift", False))
+        self.decode = DecodeState(capacity, max_model_len, ids, device)
+        self.rule = make_rule(kind, self.decode)
+        max_blocks = -(-2 * max_model_len // block_size)  # a CFG twin doubles a request
+        self.block_table = torch.zeros(capacity, max_blocks, dtype=torch.int32, device=device)
+        self.prompt_tokens = torch.zeros(capacity, max_model_len, dtype=torch.long, device=device)
+        self.prompt_len = torch.zeros(capacity, dtype=torch.long, device=device)
+        host = {"dtype": torch.long}
+        self.host = PhaseParams(
+            prompt_len=torch.zeros(capacity, **host),
+            gen_length=torch.zeros(capacity, **host),
+            step=torch.zeros(capacity, **host),
+            has_cache=torch.zeros(capacity, dtype=torch.bool),
+            policy=torch.zeros(capacity, **host),
+            block_length=torch.ones(capacity, **host),
+            steps_per_block=torch.ones(capacity, **host),
+            delay_step=torch.zeros(capacity, **host),
+            refresh_interval=torch.zeros(capacity, **host),
+        )
+        self.copies = torch.ones(capacity, **host)
+        self.slots: dict[str, int] = {}
+        self.emitted: dict[str, int] = {}
+        self._num_blocks: dict[str, int] = {}
+        self._free = list(range(capacity - 1, -1, -1))
+
+    # ---- request lifecycle (event-driven, not per step) ---------------------
+
+    @property
+    def capacity(self) -> int:
+        return self.decode.capacity
+
+    def add(self, req_id: str, prompt: list[int], options: DecodeOptions, seed: int, block_ids: list[int]) -> None:
+        if req_id in self.slots:
+            raise ValueError(f"request {req_id} is already in the batch")
+        if not self._free:
+            self._grow()
+        if len(prompt) + options.gen_length > self.max_model_len:
+            raise ValueError(
+                f"request {req_id}: prompt {len(prompt)} + canvas {options.gen_length} tokens exceed "
+                f"the model length {self.max_model_len}"
+            )
+        slot = self._free.pop()
+        self.slots[req_id] = slot
+        self.emitted[req_id] = 0
+        self.prompt_tokens[slot, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+        self.prompt_len[slot] = len(prompt)
+        self.decode.admit(slot, options, seed)
+        self.rule.admit(slot, options)
+        h = self.host
+        h.prompt_len[slot] = len(prompt)
+        h.gen_length[slot] = options.gen_length
+        h.step[slot] = 0
+        h.has_cache[slot] = False
+        self.copies[slot] = sequence_copies(options)
+        if isinstance(options, LLaDAOptions):
+            h.policy[slot] = CACHE_POLICIES.index(options.cache)
+            h.block_length[slot] = options.block_length
+            h.steps_per_block[slot] = options.steps_per_block
+            h.delay_step[slot] = options.delay_step
+            h.refresh_interval[slot] = options.refresh_interval
+        else:
+            h.policy[slot] = CACHE_POLICIES.index("none")
+        self.set_blocks(req_id, block_ids)
+
+    def _grow(self) -> None:
+        """Double the slots (preempted requests keep theirs while others run)."""
+        old = self.capacity
+        for holder in (self, self.decode, self.rule, self.host):
+            for name, value in vars(holder).items():
+                if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == old:
+                    grown = value.new_zeros((2 * old, *value.shape[1:]))
+                    grown[:old] = value
+                    setattr(holder, name, grown)
+        self._free.extend(range(2 * old - 1, old - 1, -1))
+
+    def set_blocks(self, req_id: str, block_ids: list[int]) -> None:
+        """The request's KV blocks, in order (a resumed request gets new ones)."""
+        slot = self.slots[req_id]
+        if len(block_ids) > self.block_table.shape[1]:
+            raise ValueError(f"request {req_id}: {len(block_ids)} KV blocks, at most {self.block_table.shape[1]}")
+        self.block_table[slot, : len(block_ids)] = torch.tensor(block_ids, dtype=torch.int32)
+        self._num_blocks[req_id] = len(block_ids)
+
+    def append_blocks(self, req_id: str, block_ids: list[int]) -> None:
+        slot, start = self.slots[req_id], self._num_blocks[req_id]
+        self.block_table[slot, start : start + len(block_ids)] = torch.tensor(block_ids, dtype=torch.int32)
+        self._num_blocks[req_id] = start + len(block_ids)
+
+    def drop_cache(self, req_id: str) -> None:
+        """Its KV blocks were freed (preemption): the step after resuming must Refresh."""
+        self.host.has_cache[self.slots[req_id]] = False
+
+    def remove(self, req_id: str) -> None:
+        slot = self.slots.pop(req_id, None)
+        if slot is not None:
+            self.emitted.pop(req_id)
+            self._num_blocks.pop(req_id, None)
+            self._free.append(slot)
+
+    def __contains__(self, req_id: str) -> bool:
+        return req_id in self.slots
+
+    # ---- one step ------------------------------------------------------------
+
+    def layout(self, slots: torch.Tensor) -> BatchLayout:
+        """Sequences of this step (requests, then CFG twins), with each request's phase."""
+        h = self.host
+        phases = batch_phases(PhaseParams(**{name: getattr(h, name)[slots] for name in PhaseParams.__dataclass_fields__}))
+        copies = self.copies[slots]
+        requests = len(slots)
+        twins = torch.nonzero(copies == 2).flatten()  # host tensor: no device sync
+        order = torch.cat([torch.arange(requests), twins])
+        seq_len = h.prompt_len[slots] + h.gen_length[slots]
+        twin = torch.arange(len(order)) >= requests
+        layout = SequenceLayout(
+            slot=slots[order],
+            twin=twin,
+            query_start=phases.query_start[order],
+            num_queries=phases.num_queries[order],
+            seq_len=seq_len[order],
+            kv_start=torch.where(twin, seq_len[order], 0),
+        )
+        twin_seq = torch.arange(requests)
+        twin_seq[twins] = torch.arange(requests, len(order))
+        return BatchLayout(layout, phases.refresh, phases.num_queries * copies, twin_seq)
+
+    @torch.inference_mode()
+    def step(self, req_ids: list[str], planned_tokens: list[int] | None = None) -> StepOutput:
+        """One denoising step of the requests `req_ids`.
+
+        `planned_tokens`, when given, is what the scheduler priced each request's
+        step at; a mismatch means scheduler and engine disagree on the phase.
+        """
+        slots_host = torch.tensor([self.slots[r] for r in req_ids], dtype=torch.long)
+        batch = self.layout(slots_host)
+        layout, tokens = batch.sequences, batch.tokens
+        if planned_tokens is not None:
+            planned = torch.tensor(planned_tokens, dtype=torch.long)
+            if not torch.equal(planned, tokens):
+                bad = torch.nonzero(planned != tokens).flatten().tolist()
+                raise RuntimeError(
+                    "scheduler and engine disagree on query tokens: "
+                    + ", ".join(f"{req_ids[i]} planned {planned_tokens[i]}, step has {int(tokens[i])}" for i in bad)
+                )
+        inputs = build_step_inputs(
+            layout,
+            prompt_tokens=self.prompt_tokens,
+            prompt_len=self.prompt_len,
+            canvas=self.decode.canvas,
+            block_table=self.block_table,
+            block_size=self.block_size,
+            mask_id=self.ids.mask,
+            backend=self.backend,
+        )
+        with attention_metadata(inputs.metadata):
+            hidden = self.model(inputs.input_ids, inputs.positions)
+
+        requests = len(req_ids)
+        width = int(self.host.gen_length[slots_host].max())
+        slots = slots_host.to(self.device, non_blocking=True)
+        self.rule.prepare(slots_host)
+        plan = self.rule.plan(slots, width)
+        rows, positions = plan.candidates.nonzero(as_tuple=True)  # the step's first sync
+        cand_slots = slots[rows]
+        source = self.prompt_len[cand_slots] + positions
+        if self.logits_shift:
+            source = (source - 1).clamp(min=0)
+        offset = source - inputs.query_start[rows]
+        cond_rows = inputs.query_start_loc[rows] + offset
+        uncond_rows = cfg_scale = None
+        if len(layout.slot) > requests:
+            twin_seq = batch.twin_seq.to(self.device, non_blocking=True)[rows]
+            uncond_rows = inputs.query_start_loc[twin_seq] + offset
+            cfg_scale = self.decode.cfg_scale[cand_slots]
+        cand_tokens, cand_conf = chunked_reduce(
+            hidden,
+            cond_rows,
+            cand_slots,
+            positions,
+            self.model.compute_logits,
+            self.rule,
+            self.max_num_logits,
+            uncond_rows=uncond_rows,
+            cfg_scale=cfg_scale,
+        )
+        self.rule.commit_candidates(slots, plan, rows, positions, cand_tokens, cand_conf)
+
+        h = self.host
+        h.step[slots_host] += 1
+        h.has_cache[slots_host] |= batch.refresh
+        final = self.decode.num_final(slots, width)
+        report = torch.cat(
+            [final[:, None], plan.candidates.sum(dim=1)[:, None], self.decode.canvas[slots, :width]], dim=1
+        ).tolist()  # the step's second sync: everything the host needs, in one copy
+        new_tokens, logits_rows = [], 0
+        for req_id, row, copies in zip(req_ids, report, self.copies[slots_host].tolist()):
+            start, end = self.emitted[req_id], row[0]
+            new_tokens.append(row[2 + start : 2 + end])
+            self.emitted[req_id] = end
+            logits_rows += row[1] * copies
+        return StepOutput(new_tokens=new_tokens, logits_rows=logits_rows)
+
+    def is_final(self, req_id: str) -> bool:
+        slot = self.slots[req_id]
+        return self.emitted[req_id] >= int(self.host.gen_length[slot])
+
+    # ---- memory profiling ----------------------------------------------------
+
+    @torch.inference_mode()
+    def profile_step(self, max_num_tokens: int) -> None:
+        """A dummy step at the configured caps, so memory profiling sees the peak:
+        full-length Refresh sequences filling the token budget, then the LM head
+        and the costliest reduction over `max_num_logits` rows."""
+        lengths = []
+        remaining = max_num_tokens
+        while remaining > 0:
+            lengths.append(min(remaining, self.max_model_len))
+            remaining -= lengths[-1]
+        count = len(lengths)
+        seq_len = torch.tensor(lengths, dtype=torch.long)
+        layout = SequenceLayout(
+            slot=torch.zeros(count, dtype=torch.long),
+            twin=torch.zeros(count, dtype=torch.bool),
+            query_start=torch.zeros(count, dtype=torch.long),
+            num_queries=seq_len,
+            seq_len=seq_len,
+            kv_start=torch.zeros(count, dtype=torch.long),
+        )
+        inputs = build_step_inputs(
+            layout,
+            prompt_tokens=self.prompt_tokens,
+            prompt_len=self.prompt_len,
+            canvas=self.decode.canvas,
+            block_table=torch.zeros_like(self.block_table),
+            block_size=self.block_size,
+            mask_id=self.ids.mask,
+            backend=self.backend,
+        )
+        with attention_metadata(inputs.metadata):
+            hidden = self.model(torch.zeros_like(inputs.input_ids), inputs.positions)
+        rows = min(self.max_num_logits, len(hidden))
+        logits = self.model.compute_logits(hidden[:rows])
+        # The costliest reduction: a float64 softmax and cumulative sum over every row.
+        cdf = torch.cumsum(torch.softmax(logits.double(), dim=-1), dim=-1)
+        del cdf, logits, hidden
