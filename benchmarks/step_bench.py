@@ -124,21 +124,20 @@ def ours_refresh(model, context, timer, reps, device):
 def ours_head(model, requests, temperature, timer, reps, device):
     """LM head + rule over requests x 32 candidate rows, through the engine's path."""
     engine = make_engine(model, requests, 2 * BLOCK, device)
-    ids = add(engine, requests, 2 * BLOCK, BLOCK, "none", temperature)
+    add(engine, requests, 2 * BLOCK, BLOCK, "none", temperature)
     hidden = torch.randn(requests * 2 * BLOCK, model.shape.hidden_size, device=device,
                          dtype=next(model.parameters()).dtype)
     slots = torch.arange(requests, device=device)
 
-    def run():
-        engine.rule.prepare(slots.cpu())
-        plan = engine.rule.plan(slots, BLOCK)
-        rows, positions = plan.candidates.nonzero(as_tuple=True)
+    def reduce(rows, positions):
         cond = rows * 2 * BLOCK + BLOCK + positions
-        tokens, conf = chunked_reduce(hidden, cond, slots[rows], positions, model.compute_logits, engine.rule,
-                                      engine.max_num_logits)
-        # Measure the same step again and again: commit, then put the canvas back.
+        return chunked_reduce(hidden, cond, slots[rows], positions, model.compute_logits, engine.rule,
+                              engine.max_num_logits)
+
+    def run():
+        # Measure the same step again and again: denoise, then put the canvas back.
         canvas = engine.decode.canvas.clone()
-        engine.rule.commit_candidates(slots, plan, rows, positions, tokens, conf)
+        engine.rule.denoise(slots.cpu(), slots, BLOCK, reduce)
         engine.decode.canvas.copy_(canvas)
         engine.decode.step[slots] -= 1
 
@@ -206,7 +205,6 @@ def ideal_reuse(model, requests, context, timer, reps, device):
     ideal = IdealStep(model, requests, context, device)
     ideal.step(0, context, True)
     ms = timer.median_ms(lambda: ideal.step(context - BLOCK, BLOCK, False), reps)
-    del ideal
     release(model)
     return ms
 
@@ -214,7 +212,6 @@ def ideal_reuse(model, requests, context, timer, reps, device):
 def ideal_refresh(model, context, timer, reps, device):
     ideal = IdealStep(model, 1, context, device)
     ms = timer.median_ms(lambda: ideal.step(0, context, True), reps)
-    del ideal
     release(model)
     return ms
 
@@ -224,7 +221,6 @@ def ideal_head(model, requests, temperature, timer, reps, device):
     hidden = torch.randn(requests * BLOCK, model.shape.hidden_size, device=device,
                          dtype=next(model.parameters()).dtype)
     ms = timer.median_ms(lambda: ideal.head(hidden, temperature), reps)
-    del ideal
     return ms
 
 

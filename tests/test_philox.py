@@ -18,20 +18,22 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import random
 import struct
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from tests.triton_harness import (
+    REPO_ROOT,
+    cuda_report_or_skip,
+    needs_triton,
+    run_script,
+)
 from vllm_dllm.engine import philox
 from vllm_dllm.engine.philox import philox4x32_10, uniform, uniform_rows
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 TRITON_MODULE_PATH = REPO_ROOT / "vllm_dllm" / "engine" / "triton_philox.py"
 
 MASK32 = 0xFFFFFFFF
@@ -364,39 +366,14 @@ def run_triton_cases(device: str) -> dict:
     return report
 
 
-def _run_script(device: str, interpret: bool) -> dict:
-    env = dict(os.environ)
-    env.pop("TRITON_INTERPRET", None)
-    if interpret:
-        env["TRITON_INTERPRET"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--device", device],
-        env=env,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if not lines:
-        raise AssertionError(f"script crashed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-    return json.loads(lines[-1])
-
-
-needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
-
-
 @pytest.fixture(scope="module")
 def interpreter_report():
-    return _run_script("cpu", interpret=True)
+    return run_script(__file__, "cpu", interpret=True)
 
 
 @pytest.fixture(scope="module")
 def cuda_report():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    return _run_script("cuda", interpret=False)
+    return cuda_report_or_skip(__file__)
 
 
 @needs_triton

@@ -15,17 +15,20 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from tests.triton_harness import (
+    REPO_ROOT,
+    cuda_report_or_skip,
+    needs_triton,
+    run_script,
+)
+
 MODULE_PATH = REPO_ROOT / "vllm_dllm" / "attention" / "triton_paged.py"
 
 # Max abs error vs a float64 reference, per dtype (outputs are O(1)).
@@ -270,39 +273,14 @@ def run_cases(device: str) -> dict:
     return report
 
 
-def _run_script(device: str, interpret: bool) -> dict:
-    env = dict(os.environ)
-    env.pop("TRITON_INTERPRET", None)
-    if interpret:
-        env["TRITON_INTERPRET"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--device", device],
-        env=env,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if not lines:
-        raise AssertionError(f"script crashed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-    return json.loads(lines[-1])
-
-
-needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
-
-
 @pytest.fixture(scope="module")
 def interpreter_report():
-    return _run_script("cpu", interpret=True)
+    return run_script(__file__, "cpu", interpret=True)
 
 
 @pytest.fixture(scope="module")
 def cuda_report():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    return _run_script("cuda", interpret=False)
+    return cuda_report_or_skip(__file__)
 
 
 @needs_triton

@@ -15,6 +15,7 @@ batch layout or the KV cache.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -94,6 +95,20 @@ class StepPlan:
     count: torch.Tensor  # long [R], candidates to commit (<= candidates per row)
 
 
+@dataclass
+class Denoised:
+    """One step's decisions: candidate i is (request rows[i], canvas position positions[i])."""
+
+    plan: StepPlan
+    rows: torch.Tensor
+    positions: torch.Tensor
+    tokens: torch.Tensor
+    confidence: torch.Tensor
+
+
+ReduceCandidates = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
 class BatchedRule(ABC):
     """One model kind's decoding algorithm over a batch of requests."""
 
@@ -128,6 +143,20 @@ class BatchedRule(ABC):
     def ranking_keys(self, slots: torch.Tensor, plan: StepPlan, confidence: torch.Tensor) -> torch.Tensor:
         """Keys by which each request's candidates compete for its `count` commits."""
         return confidence
+
+    def denoise(
+        self, slots_host: torch.Tensor, slots: torch.Tensor, width: int, reduce_candidates: ReduceCandidates
+    ) -> Denoised:
+        """One denoising step of the requests in `slots` (`slots_host`: the same on
+        the host): plan, `reduce_candidates(rows, positions) -> (tokens, confidence)`
+        for the candidates as `plan.candidates.nonzero()` lists them (the step's one
+        sync: their count sizes the LM-head work), commit."""
+        self.prepare(slots_host)
+        plan = self.plan(slots, width)
+        rows, positions = plan.candidates.nonzero(as_tuple=True)
+        tokens, confidence = reduce_candidates(rows, positions)
+        self.commit_candidates(slots, plan, rows, positions, tokens, confidence)
+        return Denoised(plan, rows, positions, tokens, confidence)
 
     def commit_candidates(
         self,

@@ -202,7 +202,7 @@ class StepEngine:
         """
         slots_host = torch.tensor([self.slots[r] for r in req_ids], dtype=torch.long)
         batch = self.layout(slots_host)
-        layout, tokens = batch.sequences, batch.tokens
+        tokens = batch.tokens
         if planned_tokens is not None:
             planned = torch.tensor(planned_tokens, dtype=torch.long)
             if not torch.equal(planned, tokens):
@@ -212,7 +212,7 @@ class StepEngine:
                     + ", ".join(f"{req_ids[i]} planned {planned_tokens[i]}, step has {int(tokens[i])}" for i in bad)
                 )
         inputs = build_step_inputs(
-            layout,
+            batch.sequences,
             prompt_tokens=self.prompt_tokens,
             prompt_len=self.prompt_len,
             canvas=self.decode.canvas,
@@ -224,42 +224,18 @@ class StepEngine:
         with attention_metadata(inputs.metadata):
             hidden = self.model(inputs.input_ids, inputs.positions)
 
-        requests = len(req_ids)
         width = int(self.host.gen_length[slots_host].max())
         slots = slots_host.to(self.device, non_blocking=True)
-        self.rule.prepare(slots_host)
-        plan = self.rule.plan(slots, width)
-        rows, positions = plan.candidates.nonzero(as_tuple=True)  # the step's first sync
-        cand_slots = slots[rows]
-        source = self.prompt_len[cand_slots] + positions
-        if self.logits_shift:
-            source = (source - 1).clamp(min=0)
-        offset = source - inputs.query_start[rows]
-        cond_rows = inputs.query_start_loc[rows] + offset
-        uncond_rows = cfg_scale = None
-        if len(layout.slot) > requests:
-            twin_seq = batch.twin_seq.to(self.device, non_blocking=True)[rows]
-            uncond_rows = inputs.query_start_loc[twin_seq] + offset
-            cfg_scale = self.decode.cfg_scale[cand_slots]
-        cand_tokens, cand_conf = chunked_reduce(
-            hidden,
-            cond_rows,
-            cand_slots,
-            positions,
-            self.model.compute_logits,
-            self.rule,
-            self.max_num_logits,
-            uncond_rows=uncond_rows,
-            cfg_scale=cfg_scale,
+        done = self.rule.denoise(
+            slots_host, slots, width, lambda rows, positions: self._reduce(hidden, inputs, batch, slots, rows, positions)
         )
-        self.rule.commit_candidates(slots, plan, rows, positions, cand_tokens, cand_conf)
 
         h = self.host
         h.step[slots_host] += 1
         h.has_cache[slots_host] |= batch.refresh
         final = self.decode.num_final(slots, width)
         report = torch.cat(
-            [final[:, None], plan.candidates.sum(dim=1)[:, None], self.decode.canvas[slots, :width]], dim=1
+            [final[:, None], done.plan.candidates.sum(dim=1)[:, None], self.decode.canvas[slots, :width]], dim=1
         ).tolist()  # the step's second sync: everything the host needs, in one copy
         new_tokens, logits_rows = [], 0
         for req_id, row, copies in zip(req_ids, report, self.copies[slots_host].tolist()):
@@ -269,9 +245,31 @@ class StepEngine:
             logits_rows += row[1] * copies
         return StepOutput(new_tokens=new_tokens, logits_rows=logits_rows)
 
-    def is_final(self, req_id: str) -> bool:
-        slot = self.slots[req_id]
-        return self.emitted[req_id] >= int(self.host.gen_length[slot])
+    def _reduce(self, hidden, inputs, batch: BatchLayout, slots, rows, positions):
+        """(token, confidence) of each candidate: its hidden row (the row of the
+        position before it for a shifted model; the twin's row too under CFG) through
+        the LM head in chunks, reduced by the rule."""
+        cand_slots = slots[rows]
+        source = self.prompt_len[cand_slots] + positions
+        if self.logits_shift:
+            source = (source - 1).clamp(min=0)
+        offset = source - inputs.query_start[rows]
+        uncond_rows = cfg_scale = None
+        if len(batch.sequences.slot) > len(slots):
+            twin_seq = batch.twin_seq.to(self.device, non_blocking=True)[rows]
+            uncond_rows = inputs.query_start_loc[twin_seq] + offset
+            cfg_scale = self.decode.cfg_scale[cand_slots]
+        return chunked_reduce(
+            hidden,
+            inputs.query_start_loc[rows] + offset,
+            cand_slots,
+            positions,
+            self.model.compute_logits,
+            self.rule,
+            self.max_num_logits,
+            uncond_rows=uncond_rows,
+            cfg_scale=cfg_scale,
+        )
 
     # ---- memory profiling ----------------------------------------------------
 

@@ -166,6 +166,11 @@ def _to_uniform(words, dtype: torch.dtype) -> torch.Tensor:
     raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
 
 
+def check_uniform_dtype(dtype: torch.dtype) -> None:
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+
+
 def uniform_rows(
     seeds: torch.Tensor,
     steps: torch.Tensor,
@@ -177,8 +182,7 @@ def uniform_rows(
     """Uniforms in (0, 1), `[R, n]` of `dtype` (float32 or float64) on the seeds'
     device: row r holds the draws of index 0 .. n-1 of (seeds[r], steps[r],
     positions[r], stream).  See the module docstring for the exact bits."""
-    if dtype not in (torch.float32, torch.float64):
-        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+    check_uniform_dtype(dtype)
     k0, k1, c1, c2, c3 = _row_words(seeds, steps, positions, stream)
     rows, device = k0.shape[0], k0.device
     out = torch.empty(rows, n, dtype=dtype, device=device)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_dllm.engine.philox import M0, M1, MASK32, W0, W1
+from vllm_dllm.engine.philox import M0, M1, MASK32, W0, W1, check_uniform_dtype
 
 try:  # pragma: no cover - depends on whether triton is installed
     import triton
@@ -143,8 +143,7 @@ def uniform_rows_triton(
     """`philox.uniform_rows` in Triton: `[R, n]` uniforms in (0, 1), same bits.
     `block` (a power of two) overrides the number of indices per program."""
     _require_triton()
-    if dtype not in (torch.float32, torch.float64):
-        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+    check_uniform_dtype(dtype)
     seeds = torch.as_tensor(seeds, dtype=torch.int64)
     _require_triton(seeds.device)
     seeds, steps, positions = _row_tensors(seeds, steps, positions, seeds.device)

@@ -139,11 +139,10 @@ def evaluate(model, task: Task, encoder: Encoder, n: int, seed: int) -> float:
     for _ in range(options.steps):
         batch, lengths, starts = pack(prompts, state.canvas.tolist(), ids["eos"])
         logits = model(batch.to(device), lengths.to(device)).float().cpu()
-        rule.prepare(slots)
-        plan = rule.plan(slots, options.gen_length)
-        rows, positions = plan.candidates.nonzero(as_tuple=True)
-        tokens, conf = rule.reduce(logits[rows, starts[rows] + positions].clone(), rows, positions)
-        rule.commit_candidates(slots, plan, rows, positions, tokens, conf)
+        rule.denoise(
+            slots, slots, options.gen_length,
+            lambda rows, positions: rule.reduce(logits[rows, starts[rows] + positions].clone(), slots[rows], positions),
+        )
     correct = 0
     for inst, out in zip(instances, state.canvas.tolist()):
         cut = [i for i, tok in enumerate(out) if tok in (ids["eot"], ids["eos"])]
