@@ -28,9 +28,7 @@ BACKENDS = ("torch", "triton")
 
 def write_kv(cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
     block_size = cache.shape[1]
-    blocks, offsets = slots // block_size, slots % block_size
-    cache[blocks, offsets, 0] = k.to(cache.dtype)
-    cache[blocks, offsets, 1] = v.to(cache.dtype)
+    cache[slots // block_size, slots % block_size] = torch.stack([k, v], dim=1).to(cache.dtype)
 
 
 class TorchAttention:
@@ -53,11 +51,14 @@ class TorchAttention:
         else:
             write_kv(cache, k, v, meta.query_slots)
             block_size = cache.shape[1]
-            blocks, offsets = meta.kv_slots // block_size, meta.kv_slots % block_size
-            keys = cache[blocks, offsets, 0].to(q.dtype)
-            values = cache[blocks, offsets, 1].to(q.dtype)
-        grid = q.new_zeros(num_seqs, max_q, q.shape[1], q.shape[2])
-        grid[meta.query_seq, meta.query_row] = q
+            kv = cache[meta.kv_slots // block_size, meta.kv_slots % block_size].to(q.dtype)
+            keys, values = kv[:, :, 0], kv[:, :, 1]
+        if meta.uniform_queries:
+            # Every sequence has max_query_len queries: the packed rows are the grid.
+            grid = q.view(num_seqs, max_q, q.shape[1], q.shape[2])
+        else:
+            grid = q.new_zeros(num_seqs, max_q, q.shape[1], q.shape[2])
+            grid[meta.query_seq, meta.query_row] = q
         # [S, L, H, D] -> [S, H, L, D]
         out = F.scaled_dot_product_attention(
             grid.transpose(1, 2),
@@ -67,6 +68,8 @@ class TorchAttention:
             scale=scale,
             enable_gqa=q.shape[1] != k.shape[1],
         )
+        if meta.uniform_queries:
+            return out.transpose(1, 2).reshape(q.shape)
         return out.transpose(1, 2)[meta.query_seq, meta.query_row]
 
 

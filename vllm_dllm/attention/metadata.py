@@ -47,6 +47,11 @@ class AttentionMetadata:
     backend: "object"  # the AttentionBackend that serves this step
 
     @property
+    def uniform_queries(self) -> bool:
+        """Every sequence has max_query_len queries (host-known, no sync)."""
+        return len(self.query_seq) == self.num_seqs * self.max_query_len
+
+    @property
     def num_seqs(self) -> int:
         return len(self.seq_lens)
 
