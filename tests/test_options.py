@@ -146,6 +146,16 @@ def test_build_does_not_mutate_inputs_and_paper_defaults():
     assert defaults.max_num_logits == 64
 
 
+def test_attention_backend_is_checked_and_survives_the_round_trip():
+    defaults = llada({}, {"attention_backend": "torch"})
+    assert defaults.attention_backend == "torch"
+    assert "attention_backend" not in defaults.overrides
+    assert ServerDefaults.from_dict(defaults.to_dict()) == defaults
+    assert llada({}, {}).attention_backend is None  # chosen by device at start
+    with pytest.raises(OptionError, match="'attention_backend' must be one of torch, triton, got 'flash'"):
+        llada({}, {"attention_backend": "flash"})
+
+
 # ---------------------------------------------------------------------------
 # Unknown keys and wrong types
 # ---------------------------------------------------------------------------
