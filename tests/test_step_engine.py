@@ -4,6 +4,7 @@ cost does not grow with per-request Python (counted torch ops per step)."""
 from __future__ import annotations
 
 import random
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -68,7 +69,9 @@ def test_step_op_count_does_not_grow_with_requests(options, warmup):
             engine.step(ids)
         counts[requests] = (counter.total, counter.syncs)
     assert counts[1] == counts[4] == counts[16], counts
-    assert counts[1][1] <= 6, counts
+    # One counted sync: the candidates' nonzero, which sizes the LM-head work.  (The
+    # other, the final device-to-host copy, dispatches nothing on a CPU.)
+    assert counts[1][1] == 1, counts
 
 
 def test_engine_tokens_do_not_depend_on_batch_composition():
@@ -104,7 +107,7 @@ def test_batch_phases_match_the_scheduler_phase(seed):
         prompt_len, step, has_cache = rng.randint(0, 30), rng.randrange(options.steps), rng.random() < 0.7
         rows.append((options, prompt_len, step, has_cache))
         expected.append(step_phase(options, step, prompt_len, has_cache))
-    t = lambda values: torch.tensor(values)  # noqa: E731
+    t = lambda values: np.array(values)  # noqa: E731
     phases = batch_phases(PhaseParams(
         prompt_len=t([r[1] for r in rows]),
         gen_length=t([r[0].gen_length for r in rows]),
@@ -146,12 +149,12 @@ def test_torch_backend_matches_a_per_sequence_loop():
     perm = torch.randperm(num_blocks - 1)[:24] + 1
     block_table[:] = perm.view(capacity, 8).int()
     layout = SequenceLayout(
-        slot=torch.tensor([0, 1, 2, 1]),
-        twin=torch.tensor([False, False, False, True]),
-        query_start=torch.tensor([0, 20, 5, 20]),
-        num_queries=torch.tensor([37, 8, 1, 8]),
-        seq_len=torch.tensor([37, 45, 50, 45]),
-        kv_start=torch.tensor([0, 0, 0, 45]),
+        slot=np.array([0, 1, 2, 1]),
+        twin=np.array([False, False, False, True]),
+        query_start=np.array([0, 20, 5, 20]),
+        num_queries=np.array([37, 8, 1, 8]),
+        seq_len=np.array([37, 45, 50, 45]),
+        kv_start=np.array([0, 0, 0, 45]),
     )
     inputs = build_step_inputs(
         layout, prompt_tokens=torch.zeros(capacity, max_len, dtype=torch.long),

@@ -19,7 +19,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from vllm_dllm.attention.metadata import AttentionMetadata
+from vllm_dllm.attention.metadata import AttentionMetadata, QueryGroup
 
 logger = logging.getLogger(__name__)
 
@@ -43,34 +43,45 @@ class TorchAttention:
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        num_seqs, max_q = meta.num_seqs, meta.max_query_len
+        if cache is not None:
+            write_kv(cache, k, v, meta.query_slots)
+        if len(meta.groups) == 1 and meta.groups[0].rows is None:
+            return self._attend_group(q, k, v, cache, meta, meta.groups[0], scale)
+        out = torch.empty_like(q)
+        for group in meta.groups:
+            out[group.rows] = self._attend_group(q[group.rows], k, v, cache, meta, group, scale)
+        return out
+
+    def _attend_group(self, q, k, v, cache, meta: AttentionMetadata, group: QueryGroup, scale: float):
+        """Attention of one group's query rows (in group order) over their sequences."""
+        num_seqs, max_q = len(group.seq_index), group.max_query_len
         if cache is None:
-            rows = meta.query_start_loc[:-1, None].long() + torch.arange(meta.max_seq_len, device=q.device)
-            rows = torch.where(meta.kv_valid, rows, torch.zeros_like(rows))
+            starts = meta.query_start_loc[group.seq_index].long()
+            rows = starts[:, None] + torch.arange(group.kv_valid.shape[1], device=q.device)
+            rows = torch.where(group.kv_valid, rows, torch.zeros_like(rows))
             keys, values = k[rows], v[rows]
         else:
-            write_kv(cache, k, v, meta.query_slots)
             block_size = cache.shape[1]
-            kv = cache[meta.kv_slots // block_size, meta.kv_slots % block_size].to(q.dtype)
+            kv = cache[group.kv_slots // block_size, group.kv_slots % block_size].to(q.dtype)
             keys, values = kv[:, :, 0], kv[:, :, 1]
-        if meta.uniform_queries:
-            # Every sequence has max_query_len queries: the packed rows are the grid.
+        if group.uniform:
+            # Every sequence has max_query_len queries: the rows are the grid.
             grid = q.view(num_seqs, max_q, q.shape[1], q.shape[2])
         else:
             grid = q.new_zeros(num_seqs, max_q, q.shape[1], q.shape[2])
-            grid[meta.query_seq, meta.query_row] = q
+            grid[group.query_seq, group.query_row] = q
         # [S, L, H, D] -> [S, H, L, D]
         out = F.scaled_dot_product_attention(
             grid.transpose(1, 2),
             keys.transpose(1, 2),
             values.transpose(1, 2),
-            attn_mask=meta.kv_valid[:, None, None, :],
+            attn_mask=group.kv_valid[:, None, None, :],
             scale=scale,
             enable_gqa=q.shape[1] != k.shape[1],
         )
-        if meta.uniform_queries:
+        if group.uniform:
             return out.transpose(1, 2).reshape(q.shape)
-        return out.transpose(1, 2)[meta.query_seq, meta.query_row]
+        return out.transpose(1, 2)[group.query_seq, group.query_row]
 
 
 class TritonAttention:

@@ -16,6 +16,26 @@ import torch
 
 
 @dataclass
+class QueryGroup:
+    """Sequences of similar query count, attended together in a padded grid.
+
+    A Refresh of a whole sequence and a Reuse of a 32-token block in one padded grid
+    would pad the Reuse to the Refresh's length; grouping sequences by query count
+    rounded up to a power of two keeps the padding under 2x, with at most one group
+    per power of two (a number of calls that does not grow with the batch).
+    """
+
+    rows: torch.Tensor | None  # packed query rows of the group, None: all rows, in order
+    seq_index: torch.Tensor  # the group's sequences (indices into the step's sequences)
+    query_seq: torch.Tensor  # per group row: its sequence within the group
+    query_row: torch.Tensor  # per group row: its index among its sequence's queries
+    max_query_len: int
+    uniform: bool  # every sequence has max_query_len queries: the rows are the grid
+    kv_slots: torch.Tensor  # [G, max_seq_len of the group], clamped where padded
+    kv_valid: torch.Tensor  # bool [G, max_seq_len of the group]
+
+
+@dataclass
 class AttentionMetadata:
     """The packed, varlen layout of one step.
 
@@ -28,9 +48,8 @@ class AttentionMetadata:
     are written there before attending, in Refresh and Reuse steps alike (a Reuse step
     only ever overwrites its own query positions, which attend with fresh K/V anyway).
 
-    The padded index views serve the torch backend: `query_seq`/`query_row` place each
-    packed row in a [num_seqs, max_query_len] grid, `kv_slots`/`kv_valid` gather each
-    sequence's K/V into a [num_seqs, max_seq_len] grid.
+    `groups` serve the torch backend: padded grids of sequences with similar query
+    counts (QueryGroup).
     """
 
     query_start_loc: torch.Tensor  # int32 [S + 1]
@@ -40,16 +59,8 @@ class AttentionMetadata:
     query_slots: torch.Tensor  # int64 [T]
     max_query_len: int
     max_seq_len: int
-    query_seq: torch.Tensor  # int64 [T]
-    query_row: torch.Tensor  # int64 [T]
-    kv_slots: torch.Tensor  # int64 [S, max_seq_len], clamped to a valid slot where padded
-    kv_valid: torch.Tensor  # bool [S, max_seq_len]
+    groups: list[QueryGroup]
     backend: "object"  # the AttentionBackend that serves this step
-
-    @property
-    def uniform_queries(self) -> bool:
-        """Every sequence has max_query_len queries (host-known, no sync)."""
-        return len(self.query_seq) == self.num_seqs * self.max_query_len
 
     @property
     def num_seqs(self) -> int:

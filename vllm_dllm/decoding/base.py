@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from vllm_dllm.options import DecodeOptions
@@ -52,7 +53,7 @@ class DecodeState:
         self.temperature = torch.zeros(capacity, dtype=torch.float32, device=device)
         self.cfg_scale = torch.zeros(capacity, dtype=torch.float32, device=device)
         # Host copy: whether a batch samples is decided without a device sync.
-        self.temperature_host = torch.zeros(capacity, dtype=torch.float32)
+        self.temperature_host = np.zeros(capacity, dtype=np.float32)
 
     @property
     def capacity(self) -> int:
@@ -116,10 +117,10 @@ class BatchedRule(ABC):
         self.state = state
         self.sampled = True
 
-    def prepare(self, slots_host: torch.Tensor) -> None:
-        """Batch-level facts for this step, from host copies of the parameters
-        (so that work no row needs is skipped without a device sync)."""
-        self.sampled = bool((self.state.temperature_host[slots_host] > 0).any())
+    def prepare(self, slots_host) -> None:
+        """Batch-level facts for this step, from host (numpy) copies of the
+        parameters, so that work no row needs is skipped without a device sync."""
+        self.sampled = bool((self.state.temperature_host[np.asarray(slots_host)] > 0).any())
 
     @property
     def ids(self) -> SpecialIds:
@@ -145,7 +146,7 @@ class BatchedRule(ABC):
         return confidence
 
     def denoise(
-        self, slots_host: torch.Tensor, slots: torch.Tensor, width: int, reduce_candidates: ReduceCandidates
+        self, slots_host, slots: torch.Tensor, width: int, reduce_candidates: ReduceCandidates
     ) -> Denoised:
         """One denoising step of the requests in `slots` (`slots_host`: the same on
         the host): plan, `reduce_candidates(rows, positions) -> (tokens, confidence)`

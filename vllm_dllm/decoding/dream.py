@@ -10,6 +10,7 @@ replacement); ties rank toward the lower position.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from vllm_dllm.decoding import sampling
@@ -57,7 +58,7 @@ class DreamRule(BatchedRule):
         self.top_p = torch.ones(cap, dtype=torch.float32, device=device)  # 1: off
         self.top_k = torch.zeros(cap, dtype=torch.long, device=device)  # 0: off
         self.fractions = torch.zeros(cap, 1, dtype=torch.float32, device=device)
-        self.filtered_host = torch.zeros(cap, dtype=torch.bool)
+        self.filtered_host = np.zeros(cap, dtype=bool)
         self.filtered = False
 
     def admit(self, slot: int, options: DreamOptions) -> None:
@@ -72,9 +73,9 @@ class DreamRule(BatchedRule):
             self.fractions = grown
         self.fractions[slot, : options.steps] = unmask_fractions(options.steps, options.eps).to(self.fractions.device)
 
-    def prepare(self, slots_host: torch.Tensor) -> None:
+    def prepare(self, slots_host) -> None:
         super().prepare(slots_host)
-        self.filtered = bool(self.filtered_host[slots_host].any())
+        self.filtered = bool(self.filtered_host[np.asarray(slots_host)].any())
 
     def _position_draws(self, slots: torch.Tensor, width: int, stream: int, dtype: torch.dtype) -> torch.Tensor:
         """One draw per (request, canvas position): [R, width]."""

@@ -1,7 +1,7 @@
 """The step engine: a persistent batch of diffusion requests and one denoising step
 for any subset of them.  Imports no vLLM.
 
-Data path of a step: phases of the scheduled requests (host tensors) -> packed step
+Data path of a step: phases of the scheduled requests (host arrays) -> packed step
 inputs (engine/step_inputs.py) -> model forward (one attention call per layer for
 the whole batch) -> the rule plans candidates -> the hidden rows of every request's
 candidates go through the LM head together, in chunks -> the rule commits for all
@@ -14,22 +14,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from vllm_dllm.attention.metadata import attention_metadata
 from vllm_dllm.decoding.base import DecodeState, SpecialIds, make_rule
 from vllm_dllm.decoding.logits import chunked_reduce
 from vllm_dllm.engine.phases import PhaseParams, batch_phases
-from vllm_dllm.engine.step_inputs import SequenceLayout, build_step_inputs
+from vllm_dllm.engine.step_inputs import SequenceLayout, build_step_inputs, to_device
 from vllm_dllm.options import CACHE_POLICIES, DecodeOptions, LLaDAOptions, sequence_copies
 
 
 @dataclass
 class BatchLayout:
     sequences: SequenceLayout  # the scheduled requests in order, then their CFG twins
-    refresh: torch.Tensor  # bool per request: this step is a Refresh
-    tokens: torch.Tensor  # query tokens per request (both copies under CFG)
-    twin_seq: torch.Tensor  # sequence index of each request's twin (its own without CFG)
+    refresh: np.ndarray  # bool per request: this step is a Refresh
+    tokens: np.ndarray  # query tokens per request (both copies under CFG)
+    twin_seq: np.ndarray  # sequence index of each request's twin (its own without CFG)
 
 
 @dataclass
@@ -74,19 +75,19 @@ class StepEngine:
         self.block_table = torch.zeros(capacity, max_blocks, dtype=torch.int32, device=device)
         self.prompt_tokens = torch.zeros(capacity, max_model_len, dtype=torch.long, device=device)
         self.prompt_len = torch.zeros(capacity, dtype=torch.long, device=device)
-        host = {"dtype": torch.long}
+        # Host bookkeeping (numpy, as vLLM's input batch keeps it): never on the device.
         self.host = PhaseParams(
-            prompt_len=torch.zeros(capacity, **host),
-            gen_length=torch.zeros(capacity, **host),
-            step=torch.zeros(capacity, **host),
-            has_cache=torch.zeros(capacity, dtype=torch.bool),
-            policy=torch.zeros(capacity, **host),
-            block_length=torch.ones(capacity, **host),
-            steps_per_block=torch.ones(capacity, **host),
-            delay_step=torch.zeros(capacity, **host),
-            refresh_interval=torch.zeros(capacity, **host),
+            prompt_len=np.zeros(capacity, dtype=np.int64),
+            gen_length=np.zeros(capacity, dtype=np.int64),
+            step=np.zeros(capacity, dtype=np.int64),
+            has_cache=np.zeros(capacity, dtype=bool),
+            policy=np.zeros(capacity, dtype=np.int64),
+            block_length=np.ones(capacity, dtype=np.int64),
+            steps_per_block=np.ones(capacity, dtype=np.int64),
+            delay_step=np.zeros(capacity, dtype=np.int64),
+            refresh_interval=np.zeros(capacity, dtype=np.int64),
         )
-        self.copies = torch.ones(capacity, **host)
+        self.copies = np.ones(capacity, dtype=np.int64)
         self.slots: dict[str, int] = {}
         self.emitted: dict[str, int] = {}
         self._num_blocks: dict[str, int] = {}
@@ -138,8 +139,12 @@ class StepEngine:
             for name, value in vars(holder).items():
                 if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == old:
                     grown = value.new_zeros((2 * old, *value.shape[1:]))
-                    grown[:old] = value
-                    setattr(holder, name, grown)
+                elif isinstance(value, np.ndarray) and value.shape[0] == old:
+                    grown = np.zeros((2 * old, *value.shape[1:]), dtype=value.dtype)
+                else:
+                    continue
+                grown[:old] = value
+                setattr(holder, name, grown)
         self._free.extend(range(2 * old - 1, old - 1, -1))
 
     def set_blocks(self, req_id: str, block_ids: list[int]) -> None:
@@ -171,26 +176,26 @@ class StepEngine:
 
     # ---- one step ------------------------------------------------------------
 
-    def layout(self, slots: torch.Tensor) -> BatchLayout:
+    def layout(self, slots: np.ndarray) -> BatchLayout:
         """Sequences of this step (requests, then CFG twins), with each request's phase."""
         h = self.host
         phases = batch_phases(PhaseParams(**{name: getattr(h, name)[slots] for name in PhaseParams.__dataclass_fields__}))
         copies = self.copies[slots]
         requests = len(slots)
-        twins = torch.nonzero(copies == 2).flatten()  # host tensor: no device sync
-        order = torch.cat([torch.arange(requests), twins])
+        twins = np.flatnonzero(copies == 2)
+        order = np.concatenate([np.arange(requests), twins])
         seq_len = h.prompt_len[slots] + h.gen_length[slots]
-        twin = torch.arange(len(order)) >= requests
+        twin = np.arange(len(order)) >= requests
         layout = SequenceLayout(
             slot=slots[order],
             twin=twin,
             query_start=phases.query_start[order],
             num_queries=phases.num_queries[order],
             seq_len=seq_len[order],
-            kv_start=torch.where(twin, seq_len[order], 0),
+            kv_start=np.where(twin, seq_len[order], 0),
         )
-        twin_seq = torch.arange(requests)
-        twin_seq[twins] = torch.arange(requests, len(order))
+        twin_seq = np.arange(requests)
+        twin_seq[twins] = np.arange(requests, len(order))
         return BatchLayout(layout, phases.refresh, phases.num_queries * copies, twin_seq)
 
     @torch.inference_mode()
@@ -200,13 +205,13 @@ class StepEngine:
         `planned_tokens`, when given, is what the scheduler priced each request's
         step at; a mismatch means scheduler and engine disagree on the phase.
         """
-        slots_host = torch.tensor([self.slots[r] for r in req_ids], dtype=torch.long)
+        slots_host = np.array([self.slots[r] for r in req_ids], dtype=np.int64)
         batch = self.layout(slots_host)
         tokens = batch.tokens
         if planned_tokens is not None:
-            planned = torch.tensor(planned_tokens, dtype=torch.long)
-            if not torch.equal(planned, tokens):
-                bad = torch.nonzero(planned != tokens).flatten().tolist()
+            planned = np.array(planned_tokens, dtype=np.int64)
+            if not np.array_equal(planned, tokens):
+                bad = np.flatnonzero(planned != tokens).tolist()
                 raise RuntimeError(
                     "scheduler and engine disagree on query tokens: "
                     + ", ".join(f"{req_ids[i]} planned {planned_tokens[i]}, step has {int(tokens[i])}" for i in bad)
@@ -225,7 +230,7 @@ class StepEngine:
             hidden = self.model(inputs.input_ids, inputs.positions)
 
         width = int(self.host.gen_length[slots_host].max())
-        slots = slots_host.to(self.device, non_blocking=True)
+        slots = to_device(slots_host, self.device)
         done = self.rule.denoise(
             slots_host, slots, width, lambda rows, positions: self._reduce(hidden, inputs, batch, slots, rows, positions)
         )
@@ -236,7 +241,7 @@ class StepEngine:
         final = self.decode.num_final(slots, width)
         report = torch.cat(
             [final[:, None], done.plan.candidates.sum(dim=1)[:, None], self.decode.canvas[slots, :width]], dim=1
-        ).tolist()  # the step's second sync: everything the host needs, in one copy
+        ).to("cpu").tolist()  # the step's second sync: everything the host needs, in one copy
         new_tokens, logits_rows = [], 0
         for req_id, row, copies in zip(req_ids, report, self.copies[slots_host].tolist()):
             start, end = self.emitted[req_id], row[0]
@@ -256,7 +261,7 @@ class StepEngine:
         offset = source - inputs.query_start[rows]
         uncond_rows = cfg_scale = None
         if len(batch.sequences.slot) > len(slots):
-            twin_seq = batch.twin_seq.to(self.device, non_blocking=True)[rows]
+            twin_seq = to_device(batch.twin_seq, self.device)[rows]
             uncond_rows = inputs.query_start_loc[twin_seq] + offset
             cfg_scale = self.decode.cfg_scale[cand_slots]
         return chunked_reduce(
@@ -284,14 +289,10 @@ class StepEngine:
             lengths.append(min(remaining, self.max_model_len))
             remaining -= lengths[-1]
         count = len(lengths)
-        seq_len = torch.tensor(lengths, dtype=torch.long)
+        seq_len = np.array(lengths, dtype=np.int64)
+        zeros = np.zeros(count, dtype=np.int64)
         layout = SequenceLayout(
-            slot=torch.zeros(count, dtype=torch.long),
-            twin=torch.zeros(count, dtype=torch.bool),
-            query_start=torch.zeros(count, dtype=torch.long),
-            num_queries=seq_len,
-            seq_len=seq_len,
-            kv_start=torch.zeros(count, dtype=torch.long),
+            slot=zeros, twin=zeros.astype(bool), query_start=zeros, num_queries=seq_len, seq_len=seq_len, kv_start=zeros
         )
         inputs = build_step_inputs(
             layout,

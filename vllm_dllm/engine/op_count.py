@@ -6,8 +6,14 @@ from collections import Counter
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-# Ops whose output size or value is data: on a GPU each makes the host wait.
-SYNC_OPS = frozenset({"nonzero", "_local_scalar_dense", "masked_select", "unique", "_unique2", "item", "equal"})
+# Ops whose output size or value is data: on a GPU each makes the host wait.  (The
+# engine keeps its host bookkeeping in numpy, so what is counted here is device data.
+# A device-to-host copy of a CPU tensor dispatches nothing: on a CPU the step's final
+# copy is not counted.)
+SYNC_OPS = frozenset(
+    {"nonzero", "nonzero_numpy", "nonzero_static", "_local_scalar_dense", "masked_select", "unique", "_unique2",
+     "item", "equal"}
+)
 
 
 class OpCounter(TorchDispatchMode):

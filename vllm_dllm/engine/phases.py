@@ -1,15 +1,16 @@
 """Refresh / Reuse for a whole batch at once: the tensor form of vllm_dllm/phases.py.
 
 The scheduler prices one request at a time with `phases.step_phase`; the engine
-needs the same answer for every scheduled request in a constant number of tensor
-ops.  Both read the same per-request numbers, and a test holds them equal.
+needs the same answer for every scheduled request in a constant number of array
+ops.  Both read the same per-request numbers, and a test holds them equal.  Host
+bookkeeping is numpy (as vLLM's input batch keeps it): it never touches the device.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 
 # Cache policy codes (the order of options.CACHE_POLICIES).
 POLICY_NONE, POLICY_PREFIX, POLICY_DUAL = 0, 1, 2
@@ -17,27 +18,27 @@ POLICY_NONE, POLICY_PREFIX, POLICY_DUAL = 0, 1, 2
 
 @dataclass
 class PhaseParams:
-    """Per-request numbers the phase depends on, host tensors over the batch."""
+    """Per-request numbers the phase depends on, int64 (has_cache: bool) numpy arrays."""
 
-    prompt_len: torch.Tensor
-    gen_length: torch.Tensor
-    step: torch.Tensor
-    has_cache: torch.Tensor  # bool
-    policy: torch.Tensor  # POLICY_*
-    block_length: torch.Tensor
-    steps_per_block: torch.Tensor
-    delay_step: torch.Tensor
-    refresh_interval: torch.Tensor
+    prompt_len: np.ndarray
+    gen_length: np.ndarray
+    step: np.ndarray
+    has_cache: np.ndarray
+    policy: np.ndarray  # POLICY_*
+    block_length: np.ndarray
+    steps_per_block: np.ndarray
+    delay_step: np.ndarray
+    refresh_interval: np.ndarray
 
 
 @dataclass
 class BatchPhases:
-    refresh: torch.Tensor  # bool [R]
-    query_start: torch.Tensor  # [R], sequence coordinates
-    query_end: torch.Tensor  # [R]
+    refresh: np.ndarray  # bool [R]
+    query_start: np.ndarray  # [R], sequence coordinates
+    query_end: np.ndarray  # [R]
 
     @property
-    def num_queries(self) -> torch.Tensor:
+    def num_queries(self) -> np.ndarray:
         return self.query_end - self.query_start
 
 
@@ -45,10 +46,10 @@ def batch_phases(p: PhaseParams) -> BatchPhases:
     seq_len = p.prompt_len + p.gen_length
     k = p.step % p.steps_per_block
     interval = p.refresh_interval
-    periodic = (interval > 0) & ((k - p.delay_step) % interval.clamp(min=1) == 0)
+    periodic = (interval > 0) & ((k - p.delay_step) % np.maximum(interval, 1) == 0)
     refresh = (p.policy == POLICY_NONE) | ~p.has_cache | (k <= p.delay_step) | periodic
     block_start = p.prompt_len + (p.step // p.steps_per_block) * p.block_length
-    reuse_end = torch.where(p.policy == POLICY_PREFIX, seq_len, block_start + p.block_length)
-    query_start = torch.where(refresh, torch.zeros_like(block_start), block_start)
-    query_end = torch.where(refresh, seq_len, reuse_end)
+    reuse_end = np.where(p.policy == POLICY_PREFIX, seq_len, block_start + p.block_length)
+    query_start = np.where(refresh, 0, block_start)
+    query_end = np.where(refresh, seq_len, reuse_end)
     return BatchPhases(refresh=refresh, query_start=query_start, query_end=query_end)

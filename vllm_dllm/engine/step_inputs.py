@@ -1,29 +1,31 @@
 """Step inputs for a whole batch, built with a constant number of tensor ops.
 
 The host knows each sequence's query range (from the phases), so the packed layout
-is computed on the host over small per-sequence tensors, copied to the device once,
-and expanded there into per-row indices: token ids, positions, pool slots.
+is computed on the host (numpy, over small per-sequence arrays), copied to the device
+once, and expanded there into per-row indices: token ids, positions, pool slots.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from vllm_dllm.attention.metadata import AttentionMetadata
+from vllm_dllm.attention.metadata import AttentionMetadata, QueryGroup
 
 
 @dataclass
 class SequenceLayout:
-    """Host tensors, one entry per sequence of the step (a request, or its CFG twin)."""
+    """Host (numpy int64) arrays, one entry per sequence of the step (a request, or
+    its CFG twin)."""
 
-    slot: torch.Tensor  # request slot
-    twin: torch.Tensor  # bool: the unconditional copy of a CFG request
-    query_start: torch.Tensor  # first query position
-    num_queries: torch.Tensor
-    seq_len: torch.Tensor
-    kv_start: torch.Tensor  # logical offset in the slot's block table (twin: after the first copy)
+    slot: np.ndarray  # request slot
+    twin: np.ndarray  # bool: the unconditional copy of a CFG request
+    query_start: np.ndarray  # first query position
+    num_queries: np.ndarray
+    seq_len: np.ndarray
+    kv_start: np.ndarray  # logical offset in the slot's block table (twin: after the first copy)
 
 
 @dataclass
@@ -48,21 +50,19 @@ def build_step_inputs(
 ) -> StepInputs:
     device = canvas.device
     num_seqs = len(layout.slot)
-    cu = torch.zeros(num_seqs + 1, dtype=torch.long)
-    torch.cumsum(layout.num_queries, 0, out=cu[1:])
-    total = int(cu[-1])
+    cu = np.zeros(num_seqs + 1, dtype=np.int64)
+    np.cumsum(layout.num_queries, out=cu[1:])
     max_query_len = int(layout.num_queries.max())
     max_seq_len = int(layout.seq_len.max())
-    query_seq = torch.repeat_interleave(torch.arange(num_seqs), layout.num_queries, output_size=total)
-    query_row = torch.arange(total) - cu[query_seq]
+    query_seq = np.repeat(np.arange(num_seqs), layout.num_queries)
+    query_row = np.arange(len(query_seq)) - cu[query_seq]
     positions = layout.query_start[query_seq] + query_row
 
     # One host-to-device copy of everything per-row and per-sequence.
-    per_seq = torch.stack(
-        [layout.slot, layout.twin.long(), layout.query_start, layout.seq_len, layout.kv_start]
-    )
-    per_row = torch.stack([query_seq, query_row, positions])
-    per_seq, per_row, cu = (t.to(device, non_blocking=True) for t in (per_seq, per_row, cu))
+    per_seq = np.stack([layout.slot, layout.twin, layout.query_start, layout.seq_len, layout.kv_start]).astype(np.int64)
+    host_query_seq, host_query_row = query_seq, query_row
+    per_row = np.stack([query_seq, query_row, positions])
+    per_seq, per_row, cu = (to_device(t, device) for t in (per_seq, per_row, cu))
     slot, twin, query_start, seq_len, kv_start = per_seq
     query_seq, query_row, positions = per_row
 
@@ -90,10 +90,56 @@ def build_step_inputs(
         query_slots=query_slots,
         max_query_len=max_query_len,
         max_seq_len=max_seq_len,
-        query_seq=query_seq,
-        query_row=query_row,
-        kv_slots=kv_slots,
-        kv_valid=kv_valid,
+        groups=query_groups(layout, host_query_seq, host_query_row, kv_slots, kv_valid),
         backend=backend,
     )
     return StepInputs(input_ids, positions, metadata, cu, query_start)
+
+
+def query_groups(
+    layout: SequenceLayout,
+    query_seq: torch.Tensor,
+    query_row: torch.Tensor,
+    kv_slots: torch.Tensor,
+    kv_valid: torch.Tensor,
+) -> list[QueryGroup]:
+    """Sequences grouped by query count rounded up to a power of two (host work on
+    small tensors, one copy of each group's indices to the device)."""
+    device = kv_slots.device
+    counts = layout.num_queries
+    bucket = np.ceil(np.log2(np.maximum(counts, 1))).astype(np.int64)
+    buckets = np.unique(bucket)
+    if len(buckets) == 1:
+        return [_group(None, np.arange(len(counts)), query_seq, query_row, counts, layout.seq_len, kv_slots, kv_valid)]
+    groups = []
+    for b in buckets:
+        members = np.flatnonzero(bucket == b)
+        local = np.full(len(counts), -1, dtype=np.int64)
+        local[members] = np.arange(len(members))
+        rows = np.flatnonzero(local[query_seq] >= 0)
+        groups.append(
+            _group(to_device(rows, device), members, local[query_seq[rows]], query_row[rows],
+                   counts[members], layout.seq_len[members], kv_slots, kv_valid)
+        )
+    return groups
+
+
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
+
+
+def _group(rows, members, query_seq, query_row, counts, seq_len, kv_slots, kv_valid) -> QueryGroup:
+    device = kv_slots.device
+    width = int(seq_len.max())
+    index = to_device(np.stack([query_seq, query_row]), device)
+    seqs = to_device(members, device)
+    return QueryGroup(
+        rows=rows,
+        seq_index=seqs,
+        query_seq=index[0],
+        query_row=index[1],
+        max_query_len=int(counts.max()),
+        uniform=bool((counts == counts[0]).all()),
+        kv_slots=kv_slots[seqs, :width],
+        kv_valid=kv_valid[seqs, :width],
+    )
