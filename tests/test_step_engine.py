@@ -188,10 +188,11 @@ def test_torch_backend_matches_a_per_sequence_loop():
 def test_select_backend_defaults_and_refusals():
     assert select_backend(torch.device("cpu")).name == "torch"
     assert select_backend(torch.device("cpu"), "torch").name == "torch"
-    with pytest.raises(ValueError, match="unknown attention backend 'flash'"):
-        select_backend(torch.device("cpu"), "flash")
-    with pytest.raises(ValueError, match="runs on CUDA"):
-        select_backend(torch.device("cpu"), "triton")
+    with pytest.raises(ValueError, match="unknown attention backend 'bogus'; choose one of torch, triton, flash"):
+        select_backend(torch.device("cpu"), "bogus")
+    for name in ("triton", "flash"):
+        with pytest.raises(ValueError, match=f"'{name}' runs on CUDA devices, not cpu"):
+            select_backend(torch.device("cpu"), name)
 
 
 def test_engine_grows_past_its_capacity_and_frees_slots():

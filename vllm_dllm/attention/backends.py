@@ -10,6 +10,13 @@ its own in-flight K/V, which is only meaningful when all its positions are queri
           [sequences, max_seq_len] grid and makes one SDPA call with a key mask.
   triton  a paged varlen kernel reading K/V through the block table
           (attention/triton_paged.py); CUDA only, tested on CPU under TRITON_INTERPRET.
+  flash   vLLM's bundled flash-attention varlen kernel with block tables, where its
+          constraints fit (fp16/bf16, head_dim a multiple of 8 up to 256, pages of a
+          multiple of 16, no CFG twin: it has no per-sequence KV offset); any other
+          step goes to the Triton backend.  Optional: the engine runs without vLLM.
+
+`graph_safe` backends read only the metadata's tensors and its query count, so a
+step can be captured in a CUDA graph and replayed with new inputs (engine/graphs.py).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from vllm_dllm.attention.metadata import AttentionMetadata, QueryGroup
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("torch", "triton")
+BACKENDS = ("torch", "triton", "flash")
 
 
 def write_kv(cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
@@ -33,6 +40,7 @@ def write_kv(cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch
 
 class TorchAttention:
     name = "torch"
+    graph_safe = False  # its padded groups are built on the host for each step
 
     def attend(
         self,
@@ -86,6 +94,7 @@ class TorchAttention:
 
 class TritonAttention:
     name = "triton"
+    graph_safe = True
 
     def __init__(self) -> None:
         self._fallback = TorchAttention()
@@ -108,6 +117,52 @@ class TritonAttention:
         )
 
 
+class FlashAttention:
+    """vLLM's flash-attention varlen kernel over the paged pool.
+
+    `varlen_fn` follows `vllm.vllm_flash_attn.flash_attn_varlen_func`: paged K/V as
+    `[num_blocks, block_size, kv_heads, head_dim]` views (ours interleave K and V in
+    one page, so the views are strided, last dimension contiguous), `seqused_k` and
+    `block_table` per sequence, or `cu_seqlens_k` for K/V passed packed.
+    """
+
+    name = "flash"
+    graph_safe = True
+
+    def __init__(self, varlen_fn, fallback=None) -> None:
+        self.varlen_fn = varlen_fn
+        self.fallback = fallback if fallback is not None else TritonAttention()
+
+    @staticmethod
+    def fits(q: torch.Tensor, cache: torch.Tensor | None, meta: AttentionMetadata) -> bool:
+        head_dim = q.shape[-1]
+        return (
+            q.dtype in (torch.float16, torch.bfloat16)
+            and head_dim % 8 == 0
+            and head_dim <= 256
+            and not meta.has_kv_offset
+            and (cache is None or (cache.dtype == q.dtype and cache.shape[1] % 16 == 0))
+        )
+
+    def attend(self, q, k, v, cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        if not self.fits(q, cache, meta):
+            return self.fallback.attend(q, k, v, cache, meta, scale)
+        if cache is None:
+            # Without a pool every position is a query (a profiling Refresh): the
+            # in-flight K/V are the sequences' whole K/V, packed like the queries.
+            return self.varlen_fn(
+                q=q, k=k, v=v, max_seqlen_q=meta.max_query_len, cu_seqlens_q=meta.query_start_loc,
+                max_seqlen_k=meta.max_query_len, cu_seqlens_k=meta.query_start_loc,
+                softmax_scale=scale, causal=False,
+            )
+        write_kv(cache, k, v, meta.query_slots)
+        return self.varlen_fn(
+            q=q, k=cache[:, :, 0], v=cache[:, :, 1], max_seqlen_q=meta.max_query_len,
+            cu_seqlens_q=meta.query_start_loc, max_seqlen_k=meta.max_seq_len, seqused_k=meta.seq_lens,
+            block_table=meta.block_table, softmax_scale=scale, causal=False,
+        )
+
+
 def triton_available() -> bool:
     try:
         from vllm_dllm.attention.triton_paged import HAS_TRITON
@@ -116,19 +171,41 @@ def triton_available() -> bool:
     return HAS_TRITON
 
 
+def load_flash_attn():
+    """vLLM's bundled `flash_attn_varlen_func`, or None where it cannot run (no vLLM,
+    a CPU build, no CUDA)."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        from vllm.vllm_flash_attn import flash_attn_varlen_func
+    except Exception:  # ImportError, or its CUDA extension failing to load
+        return None
+    return flash_attn_varlen_func
+
+
 def select_backend(device: torch.device, requested: str | None = None):
-    """The backend for `device`: Triton on CUDA when available, torch otherwise.
+    """The backend for `device`: on CUDA flash-attention where vLLM's build has it,
+    else Triton; torch elsewhere.
 
     `requested` (the server option `attention_backend`) overrides the choice; asking
-    for Triton where it cannot run is an error, not a silent fallback.
+    for a backend where it cannot run is an error, not a silent fallback.
     """
     if requested is not None and requested not in BACKENDS:
         raise ValueError(f"unknown attention backend {requested!r}; choose one of {', '.join(BACKENDS)}")
-    name = requested or ("triton" if device.type == "cuda" and triton_available() else "torch")
-    if name == "triton" and not triton_available():
-        raise ValueError("attention backend 'triton' needs the triton package")
-    if name == "triton" and device.type != "cuda":
-        raise ValueError(f"attention backend 'triton' runs on CUDA devices, not {device.type}")
-    backend = TritonAttention() if name == "triton" else TorchAttention()
+    if requested in ("triton", "flash") and device.type != "cuda":
+        raise ValueError(f"attention backend {requested!r} runs on CUDA devices, not {device.type}")
+    if requested in ("triton", "flash") and not triton_available():
+        raise ValueError(f"attention backend {requested!r} needs the triton package (its fallback for CFG twins)")
+    flash = load_flash_attn() if device.type == "cuda" and requested in (None, "flash") else None
+    if requested == "flash" and flash is None:
+        raise ValueError("attention backend 'flash' needs vLLM's CUDA build (vllm.vllm_flash_attn)")
+    if requested is not None:
+        name = requested
+    elif device.type == "cuda" and triton_available():
+        name = "flash" if flash is not None else "triton"
+    else:
+        name = "torch"
+    backend = {"torch": TorchAttention, "triton": TritonAttention}.get(name)
+    backend = FlashAttention(flash) if name == "flash" else backend()
     logger.info("Diffusion attention backend: %s on %s", backend.name, device)
     return backend

@@ -61,6 +61,7 @@ class AttentionMetadata:
     max_seq_len: int
     groups: list[QueryGroup]
     backend: "object"  # the AttentionBackend that serves this step
+    has_kv_offset: bool = False  # some kv_start is nonzero (a CFG twin): host-known
 
     @property
     def num_seqs(self) -> int:

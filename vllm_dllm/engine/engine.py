@@ -12,6 +12,7 @@ loops over requests in Python; host<->device syncs per step: the candidate count
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,9 +21,12 @@ import torch
 from vllm_dllm.attention.metadata import attention_metadata
 from vllm_dllm.decoding.base import DecodeState, SpecialIds, make_rule
 from vllm_dllm.decoding.logits import chunked_reduce
+from vllm_dllm.engine.graphs import ReuseGraphs
 from vllm_dllm.engine.phases import PhaseParams, batch_phases
 from vllm_dllm.engine.step_inputs import SequenceLayout, build_step_inputs, to_device
 from vllm_dllm.options import CACHE_POLICIES, DecodeOptions, LLaDAOptions, sequence_copies
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -60,7 +64,13 @@ class StepEngine:
         max_num_logits: int,
         backend,
         device: torch.device,
+        cuda_graphs: bool = False,
+        max_graph_seqs: int = 64,
+        graph_capture=None,
     ):
+        """`cuda_graphs`: replay captured forwards for Reuse steps (engine/graphs.py)
+        where the device and backend allow it; `graph_capture` replaces CUDA's
+        capture (tests on a CPU)."""
         self.model = model
         self.ids = ids
         self.block_size = block_size
@@ -92,6 +102,15 @@ class StepEngine:
         self.emitted: dict[str, int] = {}
         self._num_blocks: dict[str, int] = {}
         self._free = list(range(capacity - 1, -1, -1))
+        self.graphs = None
+        if cuda_graphs and (device.type == "cuda" or graph_capture is not None):
+            if getattr(backend, "graph_safe", False):
+                self.graphs = ReuseGraphs(
+                    model, backend, device=device, block_size=block_size, max_blocks=max_blocks,
+                    max_seqs=max_graph_seqs, capture=graph_capture,
+                )
+            else:
+                logger.info("CUDA graphs off: attention backend %r cannot be captured", backend.name)
 
     # ---- request lifecycle (event-driven, not per step) ---------------------
 
@@ -226,8 +245,7 @@ class StepEngine:
             mask_id=self.ids.mask,
             backend=self.backend,
         )
-        with attention_metadata(inputs.metadata):
-            hidden = self.model(inputs.input_ids, inputs.positions)
+        hidden = self._forward(batch, inputs)
 
         width = int(self.host.gen_length[slots_host].max())
         slots = to_device(slots_host, self.device)
@@ -249,6 +267,15 @@ class StepEngine:
             self.emitted[req_id] = end
             logits_rows += row[1] * copies
         return StepOutput(new_tokens=new_tokens, logits_rows=logits_rows)
+
+    def _forward(self, batch: BatchLayout, inputs) -> torch.Tensor:
+        key = None
+        if self.graphs is not None:
+            key = self.graphs.key(batch.sequences.num_queries, batch.refresh, inputs.metadata.has_kv_offset)
+        if key is None:
+            with attention_metadata(inputs.metadata):
+                return self.model(inputs.input_ids, inputs.positions)
+        return self.graphs.forward(key, inputs.input_ids, inputs.positions, inputs.metadata)
 
     def _reduce(self, hidden, inputs, batch: BatchLayout, slots, rows, positions):
         """(token, confidence) of each candidate: its hidden row (the row of the

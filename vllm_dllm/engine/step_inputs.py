@@ -92,6 +92,7 @@ def build_step_inputs(
         max_seq_len=max_seq_len,
         groups=query_groups(layout, host_query_seq, host_query_row, kv_slots, kv_valid),
         backend=backend,
+        has_kv_offset=bool(layout.kv_start.any()),
     )
     return StepInputs(input_ids, positions, metadata, cu, query_start)
 

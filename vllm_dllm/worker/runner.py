@@ -84,6 +84,7 @@ class DiffusionModelRunner:
             max_num_logits=self.defaults.max_num_logits,
             backend=select_backend(self.device, self.defaults.attention_backend),
             device=self.device,
+            cuda_graphs=not self.model_config.enforce_eager,
         )
 
     def get_model(self):
