@@ -12,7 +12,9 @@ and the ratio ours / ideal.  Also the torch ops one engine step dispatches at 1,
 and 16 requests (the step's cost must not grow with per-request Python).
 
 Cases: Refresh of one sequence; Reuse steps (32-query blocks) of N requests over a
-context; the LM head + LLaDA rule over N x 32 rows at T = 0 and T = 1.
+context; the LM head + LLaDA rule over N x 32 rows at T = 0 and T = 1; on CUDA, a
+Reuse step of 1 request with CUDA graphs (ours: the engine replaying its captured
+forward; ideal: the whole ideal step captured in one graph).
 """
 
 from __future__ import annotations
@@ -74,14 +76,15 @@ class Timer:
 # ---- ours -------------------------------------------------------------------
 
 
-def make_engine(model, requests: int, context: int, device, max_num_logits: int = 1024) -> StepEngine:
+def make_engine(model, requests: int, context: int, device, max_num_logits: int = 1024,
+                cuda_graphs: bool = False) -> StepEngine:
     blocks = -(-context // BLOCK_SIZE)
     model.allocate_kv_pool(requests * blocks + 1, BLOCK_SIZE, next(model.parameters()).dtype, device)
     vocab = model.shape.vocab_size
     return StepEngine(
         model, kind="llada", ids=SpecialIds(mask=vocab - 1, eos=vocab - 2, eot=vocab - 3), capacity=requests,
         max_model_len=context, block_size=BLOCK_SIZE, max_num_logits=max_num_logits,
-        backend=select_backend(device), device=device,
+        backend=select_backend(device), device=device, cuda_graphs=cuda_graphs,
     )
 
 
@@ -103,8 +106,8 @@ def release(model) -> None:
         torch.cuda.empty_cache()
 
 
-def ours_reuse(model, requests, context, timer, reps, device):
-    engine = make_engine(model, requests, context, device)
+def ours_reuse(model, requests, context, timer, reps, device, cuda_graphs=False):
+    engine = make_engine(model, requests, context, device, cuda_graphs=cuda_graphs)
     gen = BLOCK * max(1, (reps + 4) // BLOCK + 1)
     ids = add(engine, requests, context, gen, "dual")
     engine.step(ids)  # the Refresh that fills the cache; every later step of the block is a Reuse
@@ -209,6 +212,24 @@ def ideal_reuse(model, requests, context, timer, reps, device):
     return ms
 
 
+def ideal_reuse_graphed(model, requests, context, timer, reps, device):
+    ideal = IdealStep(model, requests, context, device)
+    ideal.step(0, context, True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            ideal.step(context - BLOCK, BLOCK, False)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ideal.step(context - BLOCK, BLOCK, False)
+    ms = timer.median_ms(graph.replay, reps)
+    del graph
+    release(model)
+    return ms
+
+
 def ideal_refresh(model, context, timer, reps, device):
     ideal = IdealStep(model, 1, context, device)
     ms = timer.median_ms(lambda: ideal.step(0, context, True), reps)
@@ -281,6 +302,10 @@ def main() -> None:
                 continue
             record("reuse", requests, context, ours_reuse(model, requests, context, timer, reps, device),
                    ideal_reuse(model, requests, context, timer, reps, device))
+    if device.type == "cuda":
+        record("reuse_graphed", 1, contexts[0],
+               ours_reuse(model, 1, contexts[0], timer, reps, device, cuda_graphs=True),
+               ideal_reuse_graphed(model, 1, contexts[0], timer, reps, device))
     for temperature in (0.0, 1.0):
         record(f"head_T{temperature:g}", head_requests, BLOCK,
                ours_head(model, head_requests, temperature, timer, reps, device),
@@ -291,7 +316,7 @@ def main() -> None:
         "torch": torch.__version__,
         "shape": {**shape.__dict__, "dtype": str(dtype).replace("torch.", "")},
         "backend": select_backend(device).name,
-        "graphs": "not implemented (eager only)",
+        "graphs": "case reuse_graphed" if device.type == "cuda" else "CUDA only: not measured on a CPU",
         "reps": reps,
         "cases": cases,
         "op_counts": op_counts(device),
