@@ -11,7 +11,7 @@ TINY_MODEL := .cache/tiny-model
 # pin (2.13.0+cpu) must be installed first so pip does not pull the CUDA wheels.
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: setup test serve serve-tiny bench clean
+.PHONY: setup test vllm-surface serve serve-tiny bench clean
 
 setup: $(STAMP)
 
@@ -32,7 +32,15 @@ endif
 	touch $(STAMP)
 
 test: setup
+	# The vLLM surface check (vllm_dllm/vllm_surface.py) against the installed vLLM;
+	# tests/test_vllm_surface.py runs it too.
+	$(BIN)/python -m vllm_dllm.tools.vllm_surface_check
 	$(BIN)/python -m pytest -q tests
+
+# Check another vLLM release without installing it: make vllm-surface VLLM=0.34.0
+vllm-surface: setup
+	$(BIN)/python -m vllm_dllm.tools.vllm_surface_check --release $(VLLM) \
+		--report docs/vllm-$(basename $(VLLM))-surface.md
 
 # The embedded default: the small task model trained by vllm_dllm.tools.train.
 serve: setup

@@ -4,12 +4,13 @@ nothing for any other model."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from vllm.engine.arg_utils import EngineArgs
 
 import vllm_dllm
-from vllm_dllm.compat import check_vllm_version
+from vllm_dllm.compat import DEFAULT_BLOCK_SIZE, V2_RUNNER_ENV, check_vllm_version
 from vllm_dllm.server_config import CPU_WORKER_CLS, RESOLVED_KEY, SCHEDULER_CLS, VALIDATOR_CLS
 
 
@@ -32,12 +33,15 @@ def test_register_is_idempotent_and_adds_only_our_architectures():
         assert MODELS_CONFIG_MAP[arch] is hook
 
 
-@pytest.mark.parametrize("found", ["0.31.2", "0.33.0", "1.0.0"])
+@pytest.mark.parametrize("found", ["0.31.2", "0.34.0", "1.0.0"])
 def test_unsupported_vllm_versions_fail_clearly(found):
-    with pytest.raises(RuntimeError, match=f"found vLLM {found}"):
+    with pytest.raises(RuntimeError, match=f"supports vLLM 0.32.x and 0.33.x; found vLLM {found}"):
         check_vllm_version(found)
-    check_vllm_version("0.32.0")
-    check_vllm_version("0.32.1+cpu")
+
+
+@pytest.mark.parametrize("found", ["0.32.0", "0.32.1+cpu", "0.33.0", "0.33.2"])
+def test_supported_vllm_versions_pass(found):
+    check_vllm_version(found)
 
 
 @pytest.mark.parametrize("arch", ["llada", "dream"])
@@ -50,10 +54,19 @@ def test_diffusion_models_get_our_worker_scheduler_and_validator(tiny_dirs, arch
     assert config.scheduler_config.scheduler_cls == SCHEDULER_CLS
     assert VALIDATOR_CLS in config.model_config.logits_processors
     assert config.cache_config.enable_prefix_caching is False
+    # Our defaults, the same under vLLM 0.32 and 0.33 (compat.py).
+    assert config.cache_config.block_size == DEFAULT_BLOCK_SIZE["cpu"]
+    assert os.environ[V2_RUNNER_ENV] == "0"
     resolved = config.additional_config[RESOLVED_KEY]
     assert resolved["kind"] == arch
     assert resolved["overrides"]["steps"] == 8
     assert resolved["max_num_logits"] == 64
+
+
+def test_a_chosen_block_size_is_kept(tiny_dirs):
+    vllm_dllm.register()
+    config = engine_config(tiny_dirs("llada"), block_size=64)
+    assert config.cache_config.block_size == 64
 
 
 def test_bad_server_options_fail_at_startup(tiny_dirs):

@@ -1,15 +1,26 @@
 """Everything that depends on vLLM internals beyond its public extension API.
 
 vLLM has no public registry for per-architecture config hooks; the
-`MODELS_CONFIG_MAP` dict is what its own models use.  Touching it is isolated here,
-behind a version check.
+`MODELS_CONFIG_MAP` dict is what its own models use.  Touching it, and every
+behaviour that differs between the supported vLLM versions, is isolated here,
+behind version checks.  `python -m vllm_dllm.tools.vllm_surface_check` checks a vLLM
+source tree against the names listed in vllm_dllm/vllm_surface.py.
 """
 
 from __future__ import annotations
 
+import os
 from importlib.metadata import PackageNotFoundError, version
 
-SUPPORTED = ((0, 32), (0, 33))  # [min, max) as (major, minor)
+SUPPORTED = ((0, 32), (0, 34))  # [min, max) as (major, minor): 0.32.x and 0.33.x
+
+# KV block size where the user passed none.  vLLM 0.32's CPU platform set 128 in
+# check_and_update_config; 0.33 moved that default into update_block_size_for_backend,
+# which returns early for models without vLLM attention layers (ours), leaving
+# CacheConfig's 16.  We pin the 0.32 values on both versions.
+DEFAULT_BLOCK_SIZE = {"cpu": 128, "cuda": 16}
+
+V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 
 
 def vllm_version() -> str:
@@ -28,6 +39,13 @@ def _major_minor(text: str) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
+def _supported_text() -> str:
+    (low_major, low_minor), (high_major, high_minor) = SUPPORTED
+    if low_major != high_major:
+        return f">= {low_major}.{low_minor}, < {high_major}.{high_minor}"
+    return " and ".join(f"{low_major}.{minor}.x" for minor in range(low_minor, high_minor))
+
+
 def check_vllm_version(found: str | None = None) -> None:
     found = found or vllm_version()
     try:
@@ -37,9 +55,16 @@ def check_vllm_version(found: str | None = None) -> None:
     low, high = SUPPORTED
     if not low <= major_minor < high:
         raise RuntimeError(
-            f"vllm-dllm supports vLLM {low[0]}.{low[1]}.x; found vLLM {found}. "
+            f"vllm-dllm supports vLLM {_supported_text()}; found vLLM {found}. "
             "Install a supported version: pip install 'vllm-dllm[cpu]' or 'vllm-dllm[cuda]'."
         )
+
+
+def stop_trims_computed_tokens(found: str | None = None) -> bool:
+    """Whether vLLM's Scheduler.update_from_output, on a stop, subtracts the tokens it
+    trims after the stop from `request.num_computed_tokens` (0.33's
+    `_update_request_with_output`; 0.32 leaves the counter alone)."""
+    return _major_minor(found or vllm_version()) >= (0, 33)
 
 
 def register_config_hook(architectures: list[str], hook: type) -> None:
@@ -47,3 +72,25 @@ def register_config_hook(architectures: list[str], hook: type) -> None:
 
     for arch in architectures:
         MODELS_CONFIG_MAP.setdefault(arch, hook)
+
+
+def set_default_block_size(cache_config, device: str) -> None:
+    """Our block size on `device` ("cpu" or "cuda"), unless the user chose one."""
+    if not cache_config.user_specified_block_size:
+        cache_config.block_size = DEFAULT_BLOCK_SIZE[device]
+
+
+def keep_v1_model_runner(environ=os.environ) -> None:
+    """Keep vLLM on its V1 model-runner family, on CPU as on CUDA.
+
+    Our runner speaks V1's scheduler-output format, and vLLM 0.33's CPU worker warms
+    up V2's Triton kernels on the runner when V2 is on (a triton-cpu build turns it
+    on by default).  The switch is vLLM's environment variable, read in the engine
+    and worker processes, which inherit this one's environment.
+    """
+    value = environ.setdefault(V2_RUNNER_ENV, "0")
+    if value.strip() != "0":
+        raise RuntimeError(
+            f"vllm-dllm runs on vLLM's V1 model-runner interface; {V2_RUNNER_ENV}={value} "
+            "asks for V2. Unset it or set it to 0."
+        )

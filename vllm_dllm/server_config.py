@@ -8,11 +8,11 @@ a pickled copy of the config) see exactly what the front end validated against.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from vllm.logger import init_logger
 
+from vllm_dllm.compat import keep_v1_model_runner, set_default_block_size
 from vllm_dllm.options import ARCHITECTURE_KINDS, LLADA, ServerDefaults
 
 logger = init_logger(__name__)
@@ -103,6 +103,10 @@ class DiffusionConfigHook:
             )
         if parallel.worker_cls == "auto":
             parallel.worker_cls = _worker_cls(vllm_config)
+        # Our runner is V1-shaped on every device and vLLM version; the block-size
+        # default moved between vLLM versions (compat.py).
+        keep_v1_model_runner()
+        set_default_block_size(vllm_config.cache_config, _device())
         scheduler = vllm_config.scheduler_config
         if scheduler.scheduler_cls in (None, "vllm.v1.core.sched.scheduler.Scheduler"):
             scheduler.scheduler_cls = SCHEDULER_CLS
@@ -124,15 +128,16 @@ class DiffusionConfigHook:
 
 
 def _worker_cls(vllm_config) -> str:
+    return CPU_WORKER_CLS if _device() == "cpu" else GPU_WORKER_CLS
+
+
+def _device() -> str:
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():
-        return CPU_WORKER_CLS
+        return "cpu"
     if current_platform.is_cuda():
-        # The V2 runner family expects a different scheduler output format; our
-        # runner speaks V1's.
-        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
-        return GPU_WORKER_CLS
+        return "cuda"
     raise RuntimeError(
         f"vllm-dllm supports CPU and CUDA platforms, not {current_platform.device_name}"
     )

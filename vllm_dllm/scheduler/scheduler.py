@@ -22,6 +22,7 @@ from vllm.v1.request import Request, RequestStatus
 from vllm_dllm.metrics import StepStats
 from vllm_dllm.options import DecodeOptions, OptionError, resolve, sequence_copies
 from vllm_dllm.phases import step_phase
+from vllm_dllm.scheduler.accounting import ComputedTokensAccounting
 from vllm_dllm.scheduler.plan import Candidate, Holder, choose_preemptions, plan_step
 from vllm_dllm.server_config import server_defaults
 
@@ -59,7 +60,10 @@ class RequestTrack:
         return tuple(costs)
 
 
-class DiffusionScheduler(Scheduler):
+class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
+    # ComputedTokensAccounting keeps request.num_computed_tokens consistent across
+    # vLLM versions; it wraps Scheduler.update_from_output.
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.defaults = server_defaults(self.vllm_config)

@@ -1,0 +1,173 @@
+"""Behaviour that differs between vLLM 0.32 and 0.33, handled in compat.py and
+scheduler/accounting.py: our side of each difference, under both versions' rules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+from vllm.config import CacheConfig
+
+from vllm_dllm import compat
+from vllm_dllm.scheduler.accounting import ComputedTokensAccounting, computed_before_update
+
+# ---- num_computed_tokens at a stop ------------------------------------------------------
+
+EOS = 0
+
+
+@dataclass
+class FakeRequest:
+    prompt: list[int]
+    max_tokens: int
+    output: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    finished: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    def is_finished(self) -> bool:
+        return self.finished
+
+
+class VllmScheduler:
+    """The part of vLLM's Scheduler.update_from_output our accounting meets: append
+    each new token, stop at EOS or max_tokens, trim what follows the stop and, as
+    vLLM 0.33 does (`trims`), subtract the trimmed tokens from num_computed_tokens."""
+
+    trims = False
+
+    def __init__(self, requests):
+        self.requests = requests
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        kept = {}
+        for req_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests[req_id]
+            new = list(model_runner_output.sampled_token_ids[model_runner_output.req_id_to_index[req_id]])
+            for count, token in enumerate(new, 1):
+                request.output.append(token)
+                if token == EOS or len(request.output) >= request.max_tokens:
+                    request.finished = True
+                    if self.trims:
+                        request.num_computed_tokens -= len(new) - count
+                    del new[count:]
+                    break
+            kept[req_id] = new
+        for req_id in [r for r, req in self.requests.items() if req.finished]:
+            del self.requests[req_id]  # finished requests leave the scheduler
+        return kept
+
+
+class Vllm033(VllmScheduler):
+    trims = True
+
+
+def step(scheduler, tokens: dict[str, list[int]]):
+    order = list(tokens)
+    return scheduler.update_from_output(
+        SimpleNamespace(num_scheduled_tokens={r: 8 for r in order}),
+        SimpleNamespace(req_id_to_index={r: i for i, r in enumerate(order)},
+                        sampled_token_ids=[tokens[r] for r in order]),
+    )
+
+
+def make_scheduler(base, ours_trims: bool, requests):
+    class Scheduler(ComputedTokensAccounting, base):
+        base_trims_on_stop = ours_trims
+
+    return Scheduler(requests)
+
+
+@pytest.mark.parametrize("base", [VllmScheduler, Vllm033], ids=["vllm-0.32", "vllm-0.33"])
+def test_computed_tokens_stay_one_behind_the_sequence(base):
+    a, b = FakeRequest([5, 6, 7], max_tokens=16), FakeRequest([5, 6], max_tokens=16)
+    scheduler = make_scheduler(base, base.trims, {"a": a, "b": b})
+    step(scheduler, {"a": [], "b": [9]})  # a commits nothing yet
+    assert a.num_computed_tokens == a.num_tokens == 3
+    assert b.num_computed_tokens == b.num_tokens - 1 == 2
+    # a: a stop in the middle of a multi-token commit trims 3 tokens.
+    kept = step(scheduler, {"a": [9, 9, EOS, 4, 4, 4], "b": [9, 9]})
+    assert kept["a"] == [9, 9, EOS]
+    assert a.num_computed_tokens == a.num_tokens - 1 == 5
+    assert b.num_computed_tokens == b.num_tokens - 1 == 4
+
+
+@pytest.mark.parametrize("base", [VllmScheduler, Vllm033], ids=["vllm-0.32", "vllm-0.33"])
+def test_a_stop_at_the_first_new_token_never_goes_negative(base):
+    # Without our accounting the counter sits at 0 and 0.33 would make it -7.
+    request = FakeRequest([1], max_tokens=16)
+    scheduler = make_scheduler(base, base.trims, {"r": request})
+    step(scheduler, {"r": [EOS] + [3] * 7})
+    assert request.output == [EOS]
+    assert request.num_computed_tokens == request.num_tokens - 1 == 1
+
+
+def test_max_tokens_stop_is_trimmed_like_eos():
+    request = FakeRequest([1, 2], max_tokens=3)
+    scheduler = make_scheduler(Vllm033, True, {"r": request})
+    step(scheduler, {"r": [7, 7, 7, 7, 7]})
+    assert request.num_computed_tokens == request.num_tokens - 1 == 4
+
+
+def test_the_version_flag_matters():
+    """Our flag must match the base's behaviour: trimming twice (or never) is wrong."""
+    for base, wrong_flag in ((Vllm033, False), (VllmScheduler, True)):
+        request = FakeRequest([1], max_tokens=16)
+        step(make_scheduler(base, wrong_flag, {"r": request}), {"r": [2, EOS, 3, 3]})
+        assert request.num_computed_tokens != request.num_tokens - 1
+
+
+def test_computed_before_update():
+    assert computed_before_update(10, 0) == 10
+    assert computed_before_update(10, 1) == 10
+    assert computed_before_update(10, 4) == 13
+
+
+@pytest.mark.parametrize("found, trims", [("0.32.0", False), ("0.32.1+cpu", False), ("0.33.0", True), ("0.33.2", True)])
+def test_stop_trim_version_check(found, trims):
+    assert compat.stop_trims_computed_tokens(found) is trims
+
+
+def test_the_installed_vllm_sets_the_scheduler_flag():
+    from vllm_dllm.scheduler.scheduler import DiffusionScheduler
+
+    assert DiffusionScheduler.base_trims_on_stop is compat.stop_trims_computed_tokens()
+    assert DiffusionScheduler.__mro__.index(ComputedTokensAccounting) < [
+        c.__name__ for c in DiffusionScheduler.__mro__
+    ].index("Scheduler")
+
+
+# ---- block size default ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_block_size_default_is_ours_where_the_user_chose_none(device):
+    cache = CacheConfig()  # vLLM's own default: 16 under both versions
+    assert not cache.user_specified_block_size
+    compat.set_default_block_size(cache, device)
+    assert cache.block_size == compat.DEFAULT_BLOCK_SIZE[device]
+
+
+def test_a_user_block_size_is_kept():
+    cache = CacheConfig(block_size=32)
+    compat.set_default_block_size(cache, "cpu")
+    assert cache.block_size == 32
+
+
+# ---- V2 model runner off -------------------------------------------------------------------------
+
+
+def test_v2_runner_is_switched_off_when_unset():
+    environ = {}
+    compat.keep_v1_model_runner(environ)
+    assert environ == {compat.V2_RUNNER_ENV: "0"}
+    compat.keep_v1_model_runner(environ)  # idempotent
+
+
+def test_a_user_asking_for_v2_gets_a_clear_error():
+    with pytest.raises(RuntimeError, match="VLLM_USE_V2_MODEL_RUNNER=1"):
+        compat.keep_v1_model_runner({compat.V2_RUNNER_ENV: "1"})

@@ -1,0 +1,495 @@
+"""Every vLLM name the plugin relies on, for `python -m vllm_dllm.tools.vllm_surface_check`.
+
+Pure data (no vLLM import): a release is judged by reading its source against this
+list.  Derived from every `vllm` import and use in vllm_dllm/ and the entry-point
+groups in pyproject.toml; tests/test_vllm_surface.py fails when plugin code imports
+a vLLM name that is not listed here, or when a listed import is no longer used.
+
+Kinds of expectation:
+- NAMES: `from module import name` must still find the name (re-exports and vLLM's
+  lazy `__getattr__` maps followed).
+- OVERRIDES: methods we override, or that vLLM calls on our duck-typed objects with
+  its own signature: parameter names, kinds and defaults must be exactly these.
+- CALLS: functions and constructors we call: our arguments must still bind (new
+  optional parameters are fine, a new required one or a renamed keyword is not).
+- MEMBERS: attributes, methods and enum members we read or set on vLLM objects.
+- CONSTRUCTED: dataclass-like classes we build with these fields: the fields must
+  exist and no field without a default may be added.
+- LITERALS: strings vLLM must still read where it did (entry-point groups, env vars).
+- REVIEWED: functions whose *behaviour* our code depends on, with the code
+  fingerprints of the versions we reviewed and how we handle each.  A new
+  fingerprint is not a failure of the surface but a "look here" for a new release.
+- RUNNER_CALLS: what vLLM's workers call on `self.model_runner` (our runner is not a
+  vLLM class): each name is either provided by DiffusionModelRunner or known to be on
+  a path our workers never take.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Name:
+    module: str
+    name: str
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Override:
+    module: str
+    qualname: str  # "Class.method"
+    signature: str  # as printed by vllm_surface_check.signature_text
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Call:
+    module: str
+    qualname: str  # "function" or "Class.__init__" / "Class.method"
+    positional: int  # positional arguments we pass (self/cls not counted)
+    keywords: tuple[str, ...] = ()
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Members:
+    module: str
+    cls: str
+    names: tuple[str, ...]
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Constructed:
+    module: str
+    cls: str
+    fields: tuple[str, ...]
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Literal:
+    module: str
+    value: str
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Reviewed:
+    module: str
+    qualname: str
+    fingerprints: dict[str, str]  # vLLM version -> code fingerprint reviewed
+    note: str
+
+
+@dataclass(frozen=True)
+class RunnerCalls:
+    modules: tuple[str, ...]
+    provided: frozenset[str]
+    not_needed: dict[str, str] = field(default_factory=dict)
+
+
+SCHED = "vllm.v1.core.sched.scheduler"
+OUTPUT = "vllm.v1.core.sched.output"
+KV = "vllm.v1.kv_cache_interface"
+LAYERS = "vllm.model_executor.layers"
+
+# ---- imports (module, name) exactly as the plugin writes them ---------------------
+
+NAMES: tuple[Name, ...] = (
+    Name("vllm", "ModelRegistry", "__init__.register"),
+    Name("vllm", "SamplingParams", "eval.py"),
+    Name("vllm", "__version__", "compat.vllm_version, when no distribution metadata is found"),
+    Name("vllm.config", "VllmConfig", "models/, worker/runner.py"),
+    Name("vllm.distributed", "get_tensor_model_parallel_world_size", "models/transformer.py"),
+    Name("vllm.engine.arg_utils", "EngineArgs", "eval.py"),
+    Name("vllm.exceptions", "VLLMValidationError", "validation.py"),
+    Name("vllm.logger", "init_logger", "scheduler, server_config, runner"),
+    Name(f"{LAYERS}.activation", "SiluAndMul", "models/transformer.py"),
+    Name(f"{LAYERS}.layernorm", "RMSNorm", "models/transformer.py"),
+    Name(f"{LAYERS}.linear", "MergedColumnParallelLinear", "models/transformer.py"),
+    Name(f"{LAYERS}.linear", "QKVParallelLinear", "models/transformer.py"),
+    Name(f"{LAYERS}.linear", "RowParallelLinear", "models/transformer.py"),
+    Name(f"{LAYERS}.logits_processor", "LogitsProcessor", "models/transformer.py"),
+    Name(f"{LAYERS}.rotary_embedding", "get_rope", "models/transformer.py"),
+    Name(f"{LAYERS}.vocab_parallel_embedding", "ParallelLMHead", "models/transformer.py"),
+    Name(f"{LAYERS}.vocab_parallel_embedding", "VocabParallelEmbedding", "models/transformer.py"),
+    Name("vllm.model_executor.model_loader", "get_model", "worker/runner.py"),
+    Name("vllm.model_executor.model_loader.weight_utils", "default_weight_loader", "models/weights.py"),
+    Name("vllm.model_executor.models.config", "MODELS_CONFIG_MAP", "compat.register_config_hook: private hook"),
+    Name("vllm.platforms", "current_platform", "server_config"),
+    Name("vllm.transformers_utils.repo_utils", "get_hf_file_to_dict", "server_config"),
+    Name("vllm.utils.math_utils", "cdiv", "scheduler"),
+    Name("vllm.utils.torch_utils", "kv_cache_dtype_str_to_dtype", "worker/runner.py"),
+    Name(OUTPUT, "CachedRequestData", "scheduler"),
+    Name(OUTPUT, "NewRequestData", "scheduler, runner"),
+    Name(OUTPUT, "SchedulerOutput", "scheduler, runner"),
+    Name("vllm.v1.core.sched.request_queue", "SchedulingPolicy", "scheduler"),
+    Name(SCHED, "Scheduler", "scheduler: subclassed"),
+    Name("vllm.v1.engine", "EngineCoreEventType", "scheduler"),
+    Name("vllm.v1.engine", "EngineCoreOutput", "scheduler"),
+    Name("vllm.v1.engine", "EngineCoreOutputs", "scheduler"),
+    Name("vllm.v1.engine.llm_engine", "LLMEngine", "eval.py"),
+    Name(KV, "FullAttentionSpec", "runner"),
+    Name(KV, "KVCacheConfig", "runner, kv_pool"),
+    Name(KV, "KVCacheSpec", "runner"),
+    Name("vllm.v1.metrics.loggers", "StatLoggerBase", "metrics: subclassed"),
+    Name("vllm.v1.outputs", "EMPTY_MODEL_RUNNER_OUTPUT", "runner"),
+    Name("vllm.v1.outputs", "ModelRunnerOutput", "runner: subclassed"),
+    Name("vllm.v1.request", "Request", "scheduler"),
+    Name("vllm.v1.request", "RequestStatus", "scheduler"),
+    Name("vllm.v1.sample.logits_processor.interface", "LogitsProcessor", "validation: subclassed"),
+    Name("vllm.v1.spec_decode.metrics", "SpecDecodingStats", "metrics"),
+    Name("vllm.v1.worker.cpu_worker", "CPUWorker", "worker: subclassed"),
+    Name("vllm.v1.worker.gpu_worker", "Worker", "worker: subclassed"),
+    Name("vllm.v1.worker.worker_base", "CompilationTimes", "worker/gpu_worker.py"),
+    Name("vllm.vllm_flash_attn", "flash_attn_varlen_func", "attention/backends.py (CUDA only)"),
+    # Named as strings, not imported.
+    Name(SCHED, "Scheduler", "server_config: the default scheduler_cls value we replace"),
+)
+
+# ---- overridden methods and the hooks vLLM calls on our objects -------------------
+
+_RUNNER = "vllm.v1.worker.gpu_model_runner"
+OVERRIDES: tuple[Override, ...] = (
+    Override(SCHED, "Scheduler.add_request", "(self, request)"),
+    Override(SCHED, "Scheduler._preempt_request", "(self, request, timestamp, drop_stale_output=False)"),
+    Override(SCHED, "Scheduler.schedule", "(self, throttle_prefills=False)"),
+    Override(SCHED, "Scheduler.update_from_output", "(self, scheduler_output, model_runner_output)"),
+    Override(
+        SCHED,
+        "Scheduler.make_stats",
+        "(self, spec_decoding_stats=None, kv_connector_stats=None, cudagraph_stats=None, "
+        "perf_stats=None, ec_connector_stats=None)",
+        "we pass spec_decoding_stats and forward the rest",
+    ),
+    Override("vllm.v1.metrics.loggers", "StatLoggerBase.__init__", "(self, vllm_config, engine_index=0)"),
+    Override(
+        "vllm.v1.metrics.loggers",
+        "StatLoggerBase.record",
+        "(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0)",
+    ),
+    Override("vllm.v1.metrics.loggers", "StatLoggerBase.log_engine_initialized", "(self)"),
+    Override("vllm.v1.worker.cpu_worker", "CPUWorker.init_device", "(self)", "we swap the runner after it"),
+    Override("vllm.v1.worker.gpu_worker", "Worker._make_model_runner", "(self)"),
+    Override("vllm.v1.worker.gpu_worker", "Worker.determine_available_memory", "(self)"),
+    Override("vllm.v1.worker.gpu_worker", "Worker.compile_or_warm_up_model", "(self)"),
+    Override(
+        "vllm.model_executor.models.config",
+        "VerifyAndUpdateConfig.verify_and_update_model_config",
+        "@staticmethod (model_config)",
+        "the MODELS_CONFIG_MAP hook protocol",
+    ),
+    Override(
+        "vllm.model_executor.models.config",
+        "VerifyAndUpdateConfig.verify_and_update_config",
+        "@staticmethod (vllm_config)",
+        "the MODELS_CONFIG_MAP hook protocol",
+    ),
+    Override(
+        "vllm.v1.sample.logits_processor.interface",
+        "LogitsProcessor.validate_params",
+        "@classmethod (cls, sampling_params)",
+    ),
+    Override(
+        "vllm.v1.sample.logits_processor.interface",
+        "LogitsProcessor.__init__",
+        "(self, vllm_config, device, is_pin_memory)",
+    ),
+    Override("vllm.v1.sample.logits_processor.interface", "LogitsProcessor.apply", "(self, logits)"),
+    Override("vllm.plugins.endpoint_plugins.interface", "EndpointPlugin.attach_router", "(self, app)",
+             "frontend.DiffusionEndpoints (a Protocol, not subclassed)"),
+    Override("vllm.plugins.endpoint_plugins.interface", "EndpointPlugin.init_state",
+             "(self, engine_client, state, args)", "frontend.DiffusionEndpoints"),
+    Override("vllm.v1.sample.logits_processor.interface", "LogitsProcessor.is_argmax_invariant", "(self)"),
+    Override("vllm.v1.sample.logits_processor.interface", "LogitsProcessor.update_state", "(self, batch_update)"),
+    # DiffusionModelRunner mirrors vLLM's V1 runner: the workers call these with its signatures.
+    Override(_RUNNER, "GPUModelRunner.load_model", "(self, load_dummy_weights=False, *, model=None)",
+             "ours takes load_dummy_weights; model= is passed only by weight reloading"),
+    Override(_RUNNER, "GPUModelRunner.execute_model", "(self, scheduler_output, intermediate_tensors=None)"),
+    Override(_RUNNER, "GPUModelRunner.sample_tokens", "(self, grammar_output)"),
+    Override(
+        _RUNNER,
+        "GPUModelRunner.initialize_kv_cache",
+        "(self, kv_cache_config, is_profiling=False, kv_cache_allocation_context=None)",
+    ),
+    Override(_RUNNER, "GPUModelRunner.get_kv_cache_spec", "(self)"),
+    Override(_RUNNER, "GPUModelRunner.update_max_model_len", "(self, max_model_len)"),
+    Override(_RUNNER, "GPUModelRunner.take_draft_token_ids", "(self)"),
+    Override(_RUNNER, "GPUModelRunner.get_supported_tasks", "(self)"),
+    Override(_RUNNER, "GPUModelRunner.maybe_remove_all_loras", "(self, lora_config)"),
+    Override(_RUNNER, "GPUModelRunner.shutdown", "(self)"),
+    Override(_RUNNER, "GPUModelRunner.reset_mm_cache", "(self)"),
+    Override(_RUNNER, "GPUModelRunner.reset_encoder_cache", "(self)"),
+    Override(_RUNNER, "GPUModelRunner.get_model", "(self)"),
+    Override(_RUNNER, "GPUModelRunner.get_draft_model", "(self)"),
+    Override(_RUNNER, "GPUModelRunner.get_encoder_timing_stats", "(self)"),
+    Override("vllm.v1.worker.cpu_model_runner", "CPUModelRunner.warming_up_model", "(self)",
+             "CPUWorker.compile_or_warm_up_model calls it; ours runs a profile step"),
+)
+
+# ---- calls ----------------------------------------------------------------------------
+
+CALLS: tuple[Call, ...] = (
+    Call("vllm.logger", "init_logger", 1),
+    Call("vllm.utils.math_utils", "cdiv", 2),
+    Call("vllm.model_executor.model_loader", "get_model", 0, ("vllm_config",)),
+    Call("vllm.utils.torch_utils", "kv_cache_dtype_str_to_dtype", 2),
+    Call("vllm.model_executor.model_loader.weight_utils", "default_weight_loader", 2),
+    Call("vllm.transformers_utils.repo_utils", "get_hf_file_to_dict", 3),
+    Call("vllm.distributed", "get_tensor_model_parallel_world_size", 0),
+    Call(f"{LAYERS}.rotary_embedding", "get_rope", 1, ("max_position", "is_neox_style", "rope_parameters")),
+    Call(
+        f"{LAYERS}.linear",
+        "QKVParallelLinear.__init__",
+        0,
+        ("hidden_size", "head_size", "total_num_heads", "total_num_kv_heads", "bias", "quant_config", "prefix"),
+    ),
+    Call(f"{LAYERS}.linear", "RowParallelLinear.__init__", 0,
+         ("input_size", "output_size", "bias", "quant_config", "prefix")),
+    Call(f"{LAYERS}.linear", "MergedColumnParallelLinear.__init__", 0,
+         ("input_size", "output_sizes", "bias", "quant_config", "prefix")),
+    Call(f"{LAYERS}.layernorm", "RMSNorm.__init__", 1, ("eps",)),
+    Call(f"{LAYERS}.activation", "SiluAndMul.__init__", 0),
+    Call(f"{LAYERS}.vocab_parallel_embedding", "ParallelLMHead.__init__", 2, ("quant_config",)),
+    Call(f"{LAYERS}.vocab_parallel_embedding", "VocabParallelEmbedding.__init__", 2),
+    Call(f"{LAYERS}.logits_processor", "LogitsProcessor.__init__", 1),
+    Call(f"{LAYERS}.logits_processor", "LogitsProcessor.forward", 2, (), "called as logits_processor(lm_head, rows)"),
+    Call("vllm.model_executor.models.registry", "_ModelRegistry.register_model", 2, (), "vllm.ModelRegistry"),
+    Call("vllm.model_executor.models.registry", "_ModelRegistry.get_supported_archs", 0),
+    Call("vllm.exceptions", "VLLMValidationError.__init__", 1, ("parameter",)),
+    Call(SCHED, "Scheduler.finish_requests", 2),
+    Call("vllm.v1.core.kv_cache_manager", "KVCacheManager.allocate_slots", 2, ("has_scheduled_reqs",)),
+    Call("vllm.v1.core.kv_cache_manager", "KVCacheManager.get_blocks", 1),
+    Call("vllm.v1.core.kv_cache_manager", "KVCacheBlocks.get_block_ids", 0),
+    Call("vllm.v1.core.block_pool", "BlockPool.get_num_free_blocks", 0),
+    Call("vllm.v1.core.sched.request_queue", "RequestQueue.remove_request", 1),
+    Call(OUTPUT, "NewRequestData.from_request", 2),
+    Call("vllm.v1.request", "Request.record_event", 2),
+    Call("vllm.v1.request", "Request.take_events", 0),
+    Call("vllm.v1.request", "Request.get_finished_reason", 0),
+    Call("vllm.v1.request", "Request.is_finished", 0, (), "scheduler/accounting.py"),
+    Call("vllm.v1.engine.llm_engine", "LLMEngine.from_engine_args", 1, ("stat_loggers",), "eval.py"),
+)
+
+# ---- attributes read or set ------------------------------------------------------------
+
+MEMBERS: tuple[Members, ...] = (
+    Members(
+        SCHED,
+        "Scheduler",
+        (
+            "vllm_config", "cache_config", "kv_cache_manager", "requests", "running", "waiting", "policy",
+            "max_num_scheduled_tokens", "max_num_running_reqs", "max_model_len", "log_stats",
+            "finished_req_ids", "reset_preempted_req_ids",
+        ),
+        "scheduler reads (and resets the last two) as vLLM's own schedule() does",
+    ),
+    Members("vllm.v1.core.kv_cache_manager", "KVCacheManager", ("block_pool",)),
+    Members("vllm.v1.core.block_pool", "BlockPool", ("num_gpu_blocks",)),
+    Members(
+        "vllm.v1.request",
+        "Request",
+        (
+            "request_id", "sampling_params", "num_prompt_tokens", "priority", "arrival_time", "status",
+            "client_index", "num_computed_tokens", "num_output_tokens", "num_in_flight_tokens", "num_tokens",
+        ),
+    ),
+    Members("vllm.v1.request", "RequestStatus", ("RUNNING", "FINISHED_ERROR")),
+    Members("vllm.v1.core.sched.request_queue", "SchedulingPolicy", ("PRIORITY",)),
+    Members("vllm.v1.engine", "EngineCoreEventType", ("SCHEDULED",)),
+    Members("vllm.v1.engine", "EngineCoreOutputs", ("outputs",)),
+    Members("vllm.v1.metrics.stats", "SchedulerStats", ("spec_decoding_stats",), "make_stats result"),
+    Members(
+        "vllm.sampling_params",
+        "SamplingParams",
+        (
+            "max_tokens", "temperature", "top_p", "top_k", "extra_args", "seed", "logit_bias", "logprobs",
+            "prompt_logprobs", "structured_outputs", "allowed_token_ids", "bad_words", "min_p",
+            "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens",
+        ),
+        "options.resolve, validation, runner",
+    ),
+    Members(
+        OUTPUT,
+        "SchedulerOutput",
+        ("finished_req_ids", "preempted_req_ids", "scheduled_new_reqs", "scheduled_cached_reqs",
+         "num_scheduled_tokens", "total_num_scheduled_tokens"),
+    ),
+    Members(OUTPUT, "NewRequestData", ("req_id", "block_ids", "sampling_params", "prompt_token_ids")),
+    Members(OUTPUT, "CachedRequestData", ("req_ids", "new_block_ids")),
+    Members("vllm.v1.outputs", "ModelRunnerOutput", ("sampled_token_ids", "req_id_to_index")),
+    Members(KV, "KVCacheConfig", ("num_blocks", "kv_cache_tensors", "kv_cache_groups")),
+    Members(KV, "KVCacheTensor", ("size", "layers", "offset", "layer_stride", "block_stride")),
+    Members(KV, "KVCacheGroupSpec", ("kv_cache_spec", "layer_names")),
+    Members(KV, "FullAttentionSpec", ("page_size_bytes",)),
+    Members(
+        "vllm.config.vllm",
+        "VllmConfig",
+        ("model_config", "cache_config", "parallel_config", "scheduler_config", "additional_config",
+         "quant_config", "use_v2_model_runner"),
+    ),
+    Members(
+        "vllm.config.model",
+        "ModelConfig",
+        ("hf_config", "model", "revision", "seed", "max_model_len", "served_model_name",
+         "override_generation_config", "logits_processors", "tokenizer", "tokenizer_revision",
+         "trust_remote_code", "get_diff_sampling_param"),
+    ),
+    Members("vllm.config.cache", "CacheConfig",
+            ("block_size", "user_specified_block_size", "cache_dtype", "enable_prefix_caching",
+             "gpu_memory_utilization")),
+    Members("vllm.config.parallel", "ParallelConfig", ("pipeline_parallel_size", "worker_cls")),
+    Members("vllm.config.scheduler", "SchedulerConfig",
+            ("scheduler_cls", "async_scheduling", "max_num_batched_tokens", "max_num_seqs")),
+    Members("vllm.platforms.interface", "Platform", ("is_cpu", "is_cuda", "device_name")),
+    Members("vllm.v1.worker.gpu_worker", "Worker", ("vllm_config", "model_runner", "device", "cache_config")),
+    Members("vllm.v1.worker.cpu_worker", "CPUWorker", ("vllm_config", "model_runner")),
+    Members("vllm.plugins.endpoint_plugins.interface", "EndpointPlugin", ("name", "required_tasks"), "frontend"),
+    Members("vllm.engine.protocol", "EngineClient", ("model_config",), "frontend"),
+    Members("vllm.v1.engine.llm_engine", "LLMEngine",
+            ("get_tokenizer", "vllm_config", "add_request", "has_unfinished_requests", "step"), "eval.py"),
+)
+
+# ---- classes we construct -------------------------------------------------------------------
+
+CONSTRUCTED: tuple[Constructed, ...] = (
+    Constructed(OUTPUT, "CachedRequestData",
+                ("req_ids", "resumed_req_ids", "new_token_ids", "all_token_ids", "new_block_ids",
+                 "num_computed_tokens", "num_output_tokens")),
+    Constructed(OUTPUT, "SchedulerOutput",
+                ("scheduled_new_reqs", "scheduled_cached_reqs", "num_scheduled_tokens",
+                 "total_num_scheduled_tokens", "scheduled_spec_decode_tokens", "scheduled_encoder_inputs",
+                 "finished_req_ids", "free_encoder_mm_hashes", "preempted_req_ids")),
+    Constructed("vllm.v1.engine", "EngineCoreOutput",
+                ("request_id", "new_token_ids", "finish_reason", "stop_reason", "events")),
+    Constructed("vllm.v1.engine", "EngineCoreOutputs", ()),
+    Constructed("vllm.v1.outputs", "ModelRunnerOutput", ("req_ids", "req_id_to_index", "sampled_token_ids"),
+                "DiffusionRunnerOutput subclasses it"),
+    Constructed("vllm.v1.spec_decode.metrics", "SpecDecodingStats",
+                ("num_spec_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
+                 "num_accepted_tokens_per_pos", "num_draft_tokens_per_pos")),
+    Constructed(KV, "FullAttentionSpec", ("block_size", "num_kv_heads", "head_size", "dtype", "non_causal")),
+    Constructed("vllm.v1.worker.worker_base", "CompilationTimes", ("language_model", "encoder")),
+    Constructed("vllm.engine.arg_utils", "EngineArgs", ("model", "disable_log_stats"), "eval.py"),
+    Constructed("vllm.sampling_params", "SamplingParams", ("max_tokens", "temperature", "extra_args"), "eval.py"),
+)
+
+# ---- strings vLLM reads -------------------------------------------------------------------------
+
+LITERALS: tuple[Literal, ...] = (
+    Literal("vllm.plugins", "vllm.general_plugins", "pyproject entry point dllm = vllm_dllm:register"),
+    Literal("vllm.plugins", "vllm.stat_logger_plugins",
+            "pyproject entry point dllm = vllm_dllm.metrics:DiffusionStatLogger"),
+    Literal("vllm.plugins", "vllm.endpoint_plugins",
+            "pyproject entry point dllm = vllm_dllm.frontend:DiffusionEndpoints"),
+    Literal("vllm.envs", "VLLM_USE_V2_MODEL_RUNNER", "server_config keeps the V2 runner off"),
+)
+
+# ---- behaviour reviewed, per version -----------------------------------------------------------
+
+REVIEWED: tuple[Reviewed, ...] = (
+    Reviewed(
+        SCHED, "Scheduler._update_request_with_output",
+        {"0.32": "ffcaec8de983", "0.33": "d7f0ff1e416d"},
+        "0.33 subtracts the tokens trimmed at a stop from num_computed_tokens, 0.32 does not: "
+        "compat.stop_trims_computed_tokens + scheduler/accounting.py keep the counter at "
+        "num_tokens - 1 under both",
+    ),
+    Reviewed(
+        SCHED, "Scheduler.update_from_output",
+        {"0.32": "d285784b0bfe", "0.33": "277436550f4f"},
+        "wrapped by DiffusionScheduler (metrics, rejections) and ComputedTokensAccounting; 0.33 "
+        "adds the stop trim (above), deferred KV frees/loads and re-queued resumable requests "
+        "(KV connectors and streaming sessions only, not used with diffusion models)",
+    ),
+    Reviewed(
+        SCHED, "Scheduler.schedule",
+        {"0.32": "6625adf8f31b", "0.33": "e772cd227475"},
+        "replaced by DiffusionScheduler.schedule, never called: a change may mean state or "
+        "SchedulerOutput fields we do not set; 0.33 adds a prefill cadence, draft skipping, "
+        "deferred KV loads and the fields encoder_input_updates / skip_drafts, whose defaults "
+        "(no encoder inputs, no drafts) are right for us",
+    ),
+    Reviewed(
+        SCHED, "Scheduler._preempt_request",
+        {"0.32": "9818eae20ab5", "0.33": "d7c9e7fc2ffc"},
+        "wrapped: we mark the request's cache stale, then call it; 0.33 also drops pending "
+        "encoder inputs (none for us)",
+    ),
+    Reviewed(SCHED, "Scheduler.make_stats", {"0.32": "9accb27a065c", "0.33": "9accb27a065c"},
+             "wrapped: we replace spec_decoding_stats with our step counts"),
+    Reviewed(
+        "vllm.platforms.cpu", "CpuPlatform.check_and_update_config",
+        {"0.32": "130180b09f4e", "0.33": "00f9a6726507"},
+        "0.32 sets block_size 128 when the user gave none; 0.33 does not (moved to "
+        "update_block_size_for_backend): compat.set_default_block_size pins 128 on CPU",
+    ),
+    Reviewed(
+        "vllm.platforms.cpu", "CpuPlatform.update_block_size_for_backend",
+        {"0.32": "946ec20867cd", "0.33": "735751ba3b51"},
+        "0.33 picks 128 here, but only for models with vLLM attention layers; ours have none, "
+        "so it returns early and our default stands",
+    ),
+    Reviewed(
+        "vllm.v1.worker.cpu_worker", "CPUWorker.init_device",
+        {"0.32": "f3495bdcec2a", "0.33": "f3495bdcec2a"},
+        "builds vLLM's runner last; DiffusionCPUWorker replaces it right after",
+    ),
+    Reviewed(
+        "vllm.v1.worker.cpu_worker", "CPUWorker.compile_or_warm_up_model",
+        {"0.32": "ed8a75bff566", "0.33": "cbcd8ad2a96e"},
+        "calls model_runner.warming_up_model (ours: a profile step); 0.33 also warms up V2 "
+        "kernels on the runner when V2 is on: compat.keep_v1_model_runner keeps V2 off on CPU",
+    ),
+    Reviewed(
+        "vllm.v1.worker.cpu_worker", "CPUWorker.determine_available_memory",
+        {"0.32": "def2e56b1873", "0.33": "6779b8f400e6"},
+        "sizes the KV pool from RAM after our profile step; 0.33 only rewords the too-little-"
+        "memory error",
+    ),
+    Reviewed(
+        "vllm.config.vllm", "VllmConfig.use_v2_model_runner",
+        {"0.32": "0037f1366c67", "0.33": "96c896e3b1df"},
+        "VLLM_USE_V2_MODEL_RUNNER=0 (set by compat.keep_v1_model_runner) wins, except that "
+        "HiSparse (both) and, from 0.33, watermarking force V2: neither works with vllm-dllm",
+    ),
+)
+
+# ---- what vLLM's workers call on the model runner ---------------------------------------------
+
+_LORA = "LoRA is not supported (lora_config is None)"
+_V2 = "V2 model runner only; keep_v1_model_runner keeps V2 off"
+_GPU_OVERRIDDEN = "on paths DiffusionGPUWorker overrides (determine_available_memory / compile_or_warm_up_model)"
+RUNNER_CALLS: tuple[RunnerCalls, ...] = (
+    RunnerCalls(
+        modules=("vllm.v1.worker.worker_base", "vllm.v1.worker.gpu_worker", "vllm.v1.worker.cpu_worker"),
+        provided=frozenset({
+            "load_model", "get_model", "get_supported_tasks", "update_max_model_len", "get_kv_cache_spec",
+            "initialize_kv_cache", "take_draft_token_ids", "get_draft_model", "get_encoder_timing_stats",
+            "maybe_remove_all_loras", "shutdown", "reset_mm_cache", "reset_encoder_cache", "sample_tokens",
+            "execute_model", "warming_up_model", "is_pooling_model", "lora_config", "model", "kv_caches",
+        }),
+        not_needed={
+            "_dummy_run": _GPU_OVERRIDDEN,
+            "_dummy_sampler_run": _GPU_OVERRIDDEN,
+            "_dummy_pooler_run": "pooling models only",
+            "capture_model": _GPU_OVERRIDDEN,
+            "profile_run": _GPU_OVERRIDDEN,
+            "profile_cudagraph_memory": _GPU_OVERRIDDEN,
+            "model_memory_usage": _GPU_OVERRIDDEN,
+            "_init_kv_zero_meta": "called only if the runner has it (hasattr)",
+            "needs_cudagraph_capture": _V2,
+            "pool": "pooling models only",
+            "eplb": _V2 + " (new in 0.33, inside compile_or_warm_up_model, which DiffusionGPUWorker overrides)",
+            "reload_weights": "weight reloading (RL) is not supported",
+            "add_lora": _LORA,
+            "remove_lora": _LORA,
+            "list_loras": _LORA,
+            "pin_lora": _LORA,
+            "reset_lora_state": _LORA,
+        },
+    ),
+)
