@@ -64,13 +64,16 @@ class TorchAttention:
         """Attention of one group's query rows (in group order) over their sequences."""
         num_seqs, max_q = len(group.seq_index), group.max_query_len
         if cache is None:
+            # No pool: a Refresh's own in-flight K/V (kv_start is 0, so the valid
+            # columns are the sequence's positions in order).
             starts = meta.query_start_loc[group.seq_index].long()
             rows = starts[:, None] + torch.arange(group.kv_valid.shape[1], device=q.device)
             rows = torch.where(group.kv_valid, rows, torch.zeros_like(rows))
             keys, values = k[rows], v[rows]
         else:
-            block_size = cache.shape[1]
-            kv = cache[group.kv_slots // block_size, group.kv_slots % block_size].to(q.dtype)
+            # Whole blocks: one contiguous page per index, not one row per position.
+            pages = cache.index_select(0, group.kv_blocks.flatten()).to(q.dtype)
+            kv = pages.view(num_seqs, -1, *cache.shape[2:])
             keys, values = kv[:, :, 0], kv[:, :, 1]
         if group.uniform:
             # Every sequence has max_query_len queries: the rows are the grid.

@@ -17,12 +17,19 @@ import torch
 
 @dataclass
 class QueryGroup:
-    """Sequences of similar query count, attended together in a padded grid.
+    """Sequences of similar query count and length, attended together in a padded grid.
 
     A Refresh of a whole sequence and a Reuse of a 32-token block in one padded grid
-    would pad the Reuse to the Refresh's length; grouping sequences by query count
-    rounded up to a power of two keeps the padding under 2x, with at most one group
-    per power of two (a number of calls that does not grow with the batch).
+    would pad the Reuse to the Refresh's length, and a 100-token sequence next to an
+    800-token one would read 8x the K/V it needs; grouping sequences by query count
+    and by length, each rounded up to a power of two, keeps the padding under 2x in
+    both, with at most one group per pair of powers of two (a number of calls that
+    does not grow with the batch).
+
+    K/V are read by whole pool blocks: sequence g's grid row is its blocks
+    `kv_blocks[g]` laid end to end, and `kv_valid[g]` marks its own positions in
+    them (a CFG twin's start inside its first block included).  Attention is not
+    causal, so the order of keys in the grid does not matter.
     """
 
     rows: torch.Tensor | None  # packed query rows of the group, None: all rows, in order
@@ -31,8 +38,8 @@ class QueryGroup:
     query_row: torch.Tensor  # per group row: its index among its sequence's queries
     max_query_len: int
     uniform: bool  # every sequence has max_query_len queries: the rows are the grid
-    kv_slots: torch.Tensor  # [G, max_seq_len of the group], clamped where padded
-    kv_valid: torch.Tensor  # bool [G, max_seq_len of the group]
+    kv_blocks: torch.Tensor  # int64 [G, blocks]: pool blocks holding each sequence's K/V
+    kv_valid: torch.Tensor  # bool [G, blocks * block_size]
 
 
 @dataclass

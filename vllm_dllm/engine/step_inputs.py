@@ -70,10 +70,6 @@ def build_step_inputs(
     row_slot = slot[query_seq]
     logical = kv_start[query_seq] + positions
     query_slots = tables[query_seq, logical // block_size] * block_size + logical % block_size
-    columns = torch.arange(max_seq_len, device=device)
-    kv_valid = columns < seq_len[:, None]
-    kv_logical = kv_start[:, None] + torch.where(kv_valid, columns, 0)
-    kv_slots = tables.gather(1, kv_logical // block_size) * block_size + kv_logical % block_size
 
     row_prompt_len = prompt_len[row_slot]
     in_prompt = positions < row_prompt_len
@@ -90,7 +86,7 @@ def build_step_inputs(
         query_slots=query_slots,
         max_query_len=max_query_len,
         max_seq_len=max_seq_len,
-        groups=query_groups(layout, host_query_seq, host_query_row, kv_slots, kv_valid),
+        groups=query_groups(layout, host_query_seq, host_query_row, tables, block_size),
         backend=backend,
         has_kv_offset=bool(layout.kv_start.any()),
     )
@@ -99,29 +95,28 @@ def build_step_inputs(
 
 def query_groups(
     layout: SequenceLayout,
-    query_seq: torch.Tensor,
-    query_row: torch.Tensor,
-    kv_slots: torch.Tensor,
-    kv_valid: torch.Tensor,
+    query_seq: np.ndarray,
+    query_row: np.ndarray,
+    tables: torch.Tensor,
+    block_size: int,
 ) -> list[QueryGroup]:
-    """Sequences grouped by query count rounded up to a power of two (host work on
-    small tensors, one copy of each group's indices to the device)."""
-    device = kv_slots.device
+    """Sequences grouped by query count and by length, each rounded up to a power of
+    two (host work on small arrays; a few copies of each group's indices)."""
+    device = tables.device
     counts = layout.num_queries
-    bucket = np.ceil(np.log2(np.maximum(counts, 1))).astype(np.int64)
-    buckets = np.unique(bucket)
-    if len(buckets) == 1:
-        return [_group(None, np.arange(len(counts)), query_seq, query_row, counts, layout.seq_len, kv_slots, kv_valid)]
+    key = _log2_ceil(counts) * 64 + _log2_ceil(layout.seq_len)
+    keys = np.unique(key)
+    if len(keys) == 1:
+        everyone = np.arange(len(counts))
+        return [_group(None, everyone, query_seq, query_row, layout, everyone, tables, block_size)]
     groups = []
-    for b in buckets:
-        members = np.flatnonzero(bucket == b)
+    for k in keys:
+        members = np.flatnonzero(key == k)
         local = np.full(len(counts), -1, dtype=np.int64)
         local[members] = np.arange(len(members))
         rows = np.flatnonzero(local[query_seq] >= 0)
-        groups.append(
-            _group(to_device(rows, device), members, local[query_seq[rows]], query_row[rows],
-                   counts[members], layout.seq_len[members], kv_slots, kv_valid)
-        )
+        groups.append(_group(to_device(rows, device), members, local[query_seq[rows]], query_row[rows],
+                             layout, members, tables, block_size))
     return groups
 
 
@@ -129,18 +124,29 @@ def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array)).to(device, non_blocking=True)
 
 
-def _group(rows, members, query_seq, query_row, counts, seq_len, kv_slots, kv_valid) -> QueryGroup:
-    device = kv_slots.device
-    width = int(seq_len.max())
+def _log2_ceil(values: np.ndarray) -> np.ndarray:
+    return np.ceil(np.log2(np.maximum(values, 1))).astype(np.int64)
+
+
+def _group(rows, members, query_seq, query_row, layout: SequenceLayout, seqs, tables, block_size) -> QueryGroup:
+    device = tables.device
+    counts = layout.num_queries[members]
+    offset = layout.kv_start[members] % block_size  # a twin starts inside its first block
+    first_block = layout.kv_start[members] // block_size
+    length = layout.seq_len[members]
+    num_blocks = int(((offset + length + block_size - 1) // block_size).max())
+    block_cols = np.minimum(first_block[:, None] + np.arange(num_blocks), tables.shape[1] - 1)
+    columns = np.arange(num_blocks * block_size)
+    valid = (columns >= offset[:, None]) & (columns < (offset + length)[:, None])
     index = to_device(np.stack([query_seq, query_row]), device)
-    seqs = to_device(members, device)
+    seq_index = to_device(members, device)
     return QueryGroup(
         rows=rows,
-        seq_index=seqs,
+        seq_index=seq_index,
         query_seq=index[0],
         query_row=index[1],
         max_query_len=int(counts.max()),
         uniform=bool((counts == counts[0]).all()),
-        kv_slots=kv_slots[seqs, :width],
-        kv_valid=kv_valid[seqs, :width],
+        kv_blocks=tables[seq_index].gather(1, to_device(block_cols, device)),
+        kv_valid=to_device(valid, device),
     )
