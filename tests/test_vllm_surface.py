@@ -13,7 +13,8 @@ import pytest
 
 from vllm_dllm import vllm_surface as surface
 from vllm_dllm.tools import vllm_surface_check as checker
-from vllm_dllm.tools.vllm_surface_check import BROKEN, OK, REVIEW, SourceTree
+from vllm_dllm.tools.vllm_source import SourceTree, fingerprint, resolve_qualname, signature_text
+from vllm_dllm.tools.vllm_surface_check import BROKEN, OK, REVIEW
 
 PLUGIN = Path(__file__).resolve().parents[1] / "vllm_dllm"
 
@@ -220,7 +221,7 @@ def test_literals(tmp_path):
 
 def test_fingerprints_ignore_comments_and_docstrings_but_not_code(tmp_path):
     tree = write_tree(tmp_path / "a", BASE)
-    digest = checker.fingerprint(checker._resolve_qualname(tree, "vllm.core.engine", "Base.step")[1])
+    digest = fingerprint(resolve_qualname(tree, "vllm.core.engine", "Base.step")[1])
     reviewed = (surface.Reviewed("vllm.core.engine", "Base.step", {"9.8": digest}, "note"),)
     assert [s for s, _ in statuses(tree, REVIEWED=reviewed)] == [OK]
 
@@ -271,4 +272,4 @@ def test_exit_status_and_verdict(tmp_path):
     ],
 )
 def test_signature_text(source, expected):
-    assert checker.signature_text(ast.parse(source).body[0]) == expected
+    assert signature_text(ast.parse(source).body[0]) == expected
