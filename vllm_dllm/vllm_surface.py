@@ -447,14 +447,15 @@ REVIEWED: tuple[Reviewed, ...] = (
     Reviewed(
         "vllm.v1.worker.cpu_worker", "CPUWorker.determine_available_memory",
         {"0.32": "def2e56b1873", "0.33": "6779b8f400e6"},
-        "sizes the KV pool from RAM after our profile step; 0.33 only rewords the too-little-"
-        "memory error",
+        "sizes the KV pool from RAM after our profile step; 0.33 only splits and rewords the "
+        "too-little-memory error",
     ),
     Reviewed(
         "vllm.config.vllm", "VllmConfig.use_v2_model_runner",
         {"0.32": "0037f1366c67", "0.33": "96c896e3b1df"},
         "VLLM_USE_V2_MODEL_RUNNER=0 (set by compat.keep_v1_model_runner) wins, except that "
-        "HiSparse (both) and, from 0.33, watermarking force V2: neither works with vllm-dllm",
+        "HiSparse and watermarking force V2 (both versions; neither works with vllm-dllm); 0.33 "
+        "only exempts unspecified platforms from the no-Triton fallback",
     ),
 )
 
