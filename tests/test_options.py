@@ -152,8 +152,9 @@ def test_attention_backend_is_checked_and_survives_the_round_trip():
     assert "attention_backend" not in defaults.overrides
     assert ServerDefaults.from_dict(defaults.to_dict()) == defaults
     assert llada({}, {}).attention_backend is None  # chosen by device at start
-    with pytest.raises(OptionError, match="'attention_backend' must be one of torch, triton, got 'flash'"):
-        llada({}, {"attention_backend": "flash"})
+    assert llada({}, {"attention_backend": "flash"}).attention_backend == "flash"
+    with pytest.raises(OptionError, match="'attention_backend' must be one of torch, triton, flash, got 'bogus'"):
+        llada({}, {"attention_backend": "bogus"})
 
 
 # ---------------------------------------------------------------------------
@@ -225,7 +226,7 @@ def test_int_accepted_where_float_expected():
     assert res(dream(), {"alg_temp": 2}).alg_temp == 2.0
 
 
-@pytest.mark.parametrize("field", ["temperature", "top_p", "top_k", "seed", "max_tokens"])
+@pytest.mark.parametrize("field", ["temperature", "seed", "max_tokens"])
 @pytest.mark.parametrize("kind", [LLADA, DREAM])
 def test_standard_sampling_fields_refused_in_extra_args(kind, field):
     defaults = ServerDefaults.build(kind, {}, {})
@@ -308,9 +309,29 @@ def test_llada_steps_divisibility():
         res(llada(), {"block_length": 16, "steps": 2}, max_tokens=64)
 
 
-def test_llada_steps_more_than_gen_length_is_allowed():
-    opts = res(llada(), {"steps": 256, "block_length": 32}, max_tokens=64)
-    assert opts.steps_per_block == 128
+def test_llada_steps_more_than_gen_length_is_refused():
+    # LLaDA commits >= 1 token per step: steps beyond the canvas would commit nothing.
+    with pytest.raises(OptionError) as info:
+        res(llada(), {"steps": 256, "block_length": 32}, max_tokens=64)
+    assert str(info.value).startswith("steps=256 is more than the generation length (max_tokens=64")
+    assert "use at most 64 steps" in str(info.value)
+    assert res(llada(), {"steps": 64, "block_length": 32}, max_tokens=64).steps == 64
+
+
+def test_llada_default_steps_more_than_gen_length_are_capped():
+    # A server default meant for long generations must not refuse short ones; for
+    # LLaDA the capped run commits exactly the same tokens.
+    opts = res(llada(server={"steps": 128}), max_tokens=16)
+    assert opts.steps == 16
+    assert res(llada(server={"steps": 128}), max_tokens=256).steps == 128
+
+
+def test_dream_steps_more_than_gen_length_are_allowed():
+    # Dream's schedule unmasks int(masks * (1 - s/t)) per step, which can be 0: more
+    # steps than positions is a valid reference setting (bounded at 8 per token).
+    assert res(dream(), {"steps": 64}, max_tokens=16).steps == 64
+    with pytest.raises(OptionError, match="steps=129 is more than 8 per generated token"):
+        res(dream(), {"steps": 129}, max_tokens=16)
 
 
 @pytest.mark.parametrize("kind", [LLADA, DREAM])
@@ -513,7 +534,7 @@ def test_booleans_arrive_as_0_or_1_through_the_openai_protocol():
 @pytest.mark.parametrize(
     "extra, message",
     [
-        ({"steps": 129}, "more than 8 per generated token"),
+        ({"steps": 17}, "more than the generation length"),
         ({"cfg_scale": float("inf")}, "must be a finite number"),
         ({"cfg_scale": float("nan")}, "must be a finite number"),
     ],
@@ -527,3 +548,133 @@ def test_tiny_alg_temp_is_refused():
     with pytest.raises(OptionError, match="'alg_temp' must be 0 or at least"):
         res(dream(), {"alg_temp": 1e-39}, max_tokens=16)
     assert res(dream(), {"alg_temp": 0.0}, max_tokens=16).alg_temp is None
+
+
+# ---------------------------------------------------------------------------
+# KV-cache knobs without a cache (issue 15)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["refresh_interval", "delay_step"])
+def test_cache_knobs_without_a_cache_are_refused(key):
+    with pytest.raises(OptionError) as info:
+        res(llada(), {key: 2}, max_tokens=16)
+    assert str(info.value) == (
+        f"diffusion option '{key}'=2 only applies with a KV cache, but 'cache' is 'none'; "
+        f"set 'cache' to prefix or dual, or drop '{key}'"
+    )
+    assert getattr(res(llada(), {key: 2, "cache": "dual"}, max_tokens=16), key) == 2
+    assert getattr(res(llada(), {key: 0}, max_tokens=16), key) == 0
+
+
+def test_cache_knobs_of_the_server_do_not_blame_a_request_without_cache():
+    defaults = llada(server={"cache": "dual", "refresh_interval": 4})
+    opts = res(defaults, {"cache": "none"}, max_tokens=16)
+    assert opts.cache == "none"
+    with pytest.raises(OptionError, match=r"^--additional-config dllm: diffusion option 'refresh_interval'=4 only applies"):
+        llada(server={"refresh_interval": 4})
+
+
+# ---------------------------------------------------------------------------
+# top_k / top_p: refused for LLaDA, every route reaches Dream's rule (issue 14, 15)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field, value", [("top_k", 50), ("top_p", 0.9)])
+def test_llada_refuses_top_k_top_p(field, value):
+    with pytest.raises(OptionError) as info:
+        res(llada(), temperature=0.7, **{field: value})
+    assert str(info.value) == (
+        f"'{field}'={value} is not supported for LLaDA: its reference decoding has no "
+        f"top-k/top-p filter (leave '{field}' unset)"
+    )
+    with pytest.raises(OptionError, match=f"'{field}'={value} is not supported for LLaDA"):
+        res(llada(), {field: value})
+    # vLLM's neutral values are not a request for a filter.
+    assert res(llada(), temperature=0.7, top_k=-1, top_p=1.0).temperature == 0.7
+
+
+def test_dream_top_k_top_p_from_extra_args_survive_temperature_0():
+    # vLLM hands temperature-0 requests over with top_k 0 / top_p 1 whatever was asked.
+    opts = res(dream(), {"top_k": 50, "top_p": 0.9, "alg": "maskgit_plus"}, temperature=0.0)
+    assert (opts.top_k, opts.top_p) == (50, 0.9)
+
+
+def test_dream_filter_precedence():
+    gen = dream({"top_k": 50, "top_p": 0.95})  # generation_config / --override-generation-config
+    assert (res(gen).top_k, res(gen).top_p) == (50, 0.95)  # temperature 0: vLLM's fields are neutral
+    opts = res(gen, temperature=0.5, top_k=20, top_p=0.8)  # the request's fields (T > 0)
+    assert (opts.top_k, opts.top_p) == (20, 0.8)
+    opts = res(gen, {"top_k": 0, "top_p": 1}, temperature=0.5, top_k=20)  # extra_args win, 0/1: off
+    assert (opts.top_k, opts.top_p) == (None, None)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"top_k": -2}, "diffusion option 'top_k' must be a positive integer (0 or -1: no top-k filter), got -2"),
+    ({"top_p": 0}, "diffusion option 'top_p' must lie in (0, 1] (1: no top-p filter), got 0"),
+    ({"top_p": 1.5}, "diffusion option 'top_p' must lie in (0, 1] (1: no top-p filter), got 1.5"),
+    ({"top_k": 5.0}, "diffusion option 'top_k' must be int, got float 5.0"),
+])
+def test_dream_filter_extra_args_checked(extra, message):
+    with pytest.raises(OptionError) as info:
+        res(dream(), extra)
+    assert str(info.value) == message
+
+
+def test_dream_server_filter_defaults_go_through_vllm():
+    with pytest.raises(OptionError, match=r"--override-generation-config"):
+        dream(server={"top_k": 50})
+
+
+# ---------------------------------------------------------------------------
+# Messages: one sentence naming the option, the value and what is allowed (issue 15)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("defaults, extra, message", [
+    (llada(), {"alg": "entropy"},
+     "unknown diffusion option 'alg' for llada models ('alg' is a Dream option); LLaDA options are "
+     "block_length, cache, cfg_scale, confidence_eos_eot_inf, delay_step, logits_eos_inf, "
+     "refresh_interval, remasking, steps"),
+    (dream(), {"block_length": 8},
+     "unknown diffusion option 'block_length' for dream models ('block_length' is a LLaDA option); "
+     "Dream options are alg, alg_temp, eps, steps, top_k, top_p"),
+    (llada(), {"stepz": 8}, "unknown diffusion option 'stepz' for llada models; LLaDA options are "
+     "block_length, cache, cfg_scale, confidence_eos_eot_inf, delay_step, logits_eos_inf, "
+     "refresh_interval, remasking, steps"),
+    (llada(), {"remasking": "bogus"},
+     "unknown remasking 'bogus': diffusion option 'remasking' must be low_confidence or random"),
+    (llada(), {"cache": "sparse"},
+     "unknown cache policy 'sparse': diffusion option 'cache' must be none, prefix or dual"),
+    (dream(), {"alg": "greedy"},
+     "unknown alg 'greedy': diffusion option 'alg' must be origin, maskgit_plus, topk_margin or entropy"),
+    (llada(), {"steps": 0}, "diffusion option 'steps' must be a positive integer, got 0"),
+    (llada(), {"steps": "8"}, "diffusion option 'steps' must be int, got str '8'"),
+    (llada(), {"cfg_scale": -1}, "diffusion option 'cfg_scale' must be >= 0, got -1"),
+    (dream(), {"eps": 1.5}, "diffusion option 'eps' must lie in (0, 1), got 1.5"),
+    (llada(), {"temperature": 0.5},
+     "'temperature' is a standard sampling parameter: set it as 'temperature' on the request, "
+     "not in the diffusion options"),
+])
+def test_request_messages_are_one_clear_sentence(defaults, extra, message):
+    with pytest.raises(OptionError) as info:
+        res(defaults, extra, max_tokens=16)
+    assert str(info.value) == message
+    assert "diffusion option has" not in message and "diffusion option unknown" not in message
+
+
+@pytest.mark.parametrize("server, message", [
+    ({"stepz": 8}, "--additional-config dllm: unknown diffusion option 'stepz' for llada models; LLaDA options are "
+     "block_length, cache, cfg_scale, confidence_eos_eot_inf, delay_step, logits_eos_inf, "
+     "refresh_interval, remasking, steps"),
+    ({"remasking": "zzz"},
+     "--additional-config dllm: unknown remasking 'zzz': diffusion option 'remasking' must be low_confidence or random"),
+    ({"steps": 0}, "--additional-config dllm: diffusion option 'steps' must be a positive integer, got 0"),
+    ({"max_num_logits": 1}, "--additional-config dllm: 'max_num_logits' must be an integer of at least 2, got 1"),
+    ({"admission": "eager"},
+     "--additional-config dllm: 'admission' must be one of greedy, lookahead, reserve, static, got 'eager'"),
+])
+def test_server_messages_name_their_source(server, message):
+    with pytest.raises(OptionError) as info:
+        llada(server=server)
+    assert str(info.value) == message

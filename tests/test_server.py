@@ -49,7 +49,9 @@ SHUTDOWN_TIMEOUT_S = 30
 
 @pytest.fixture(scope="module")
 def server(model_dir):
-    srv = ServerProcess(model_dir, "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S))
+    # VLLM_PLUGINS=dllm loads our endpoint plugin too (vllm_dllm/frontend.py): the
+    # streaming 400s and the temperature-0 field checks tested below need it.
+    srv = ServerProcess(model_dir, "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S), env={"VLLM_PLUGINS": "dllm"})
     srv.start()
     try:
         # What a scraper sees before the first request (test_metrics_exposed_at_start).
@@ -397,9 +399,21 @@ BAD_REQUESTS = [
     ("unknown-key", "completions", {"max_tokens": 16, "vllm_xargs": {"foo": 1}}, ["unknown", "foo"]),
     ("wrong-type", "completions", {"max_tokens": 16, "vllm_xargs": {"steps": "8"}}, ["steps", "int"]),
     ("zero-steps", "completions", {"max_tokens": 16, "vllm_xargs": {"steps": 0}}, ["steps", "positive"]),
-    ("bad-remasking", "completions", {"max_tokens": 16, "vllm_xargs": {"remasking": "bogus"}}, ["remasking", "bogus"]),
+    ("bad-remasking", "completions", {"max_tokens": 16, "vllm_xargs": {"remasking": "bogus"}}, ["unknown remasking 'bogus': diffusion option 'remasking' must be low_confidence or random"]),
     ("sampling-field-in-xargs", "completions", {"max_tokens": 16, "vllm_xargs": {"temperature": 0.5}}, ["temperature"]),
-    ("dream-option-on-llada", "completions", {"max_tokens": 16, "vllm_xargs": {"alg": "entropy"}}, ["alg"]),
+    ("dream-option-on-llada", "completions", {"max_tokens": 16, "vllm_xargs": {"alg": "entropy"}}, ["unknown diffusion option 'alg' for llada models ('alg' is a Dream option); LLaDA options are block_length"]),
+    ("steps-more-than-canvas", "completions", {"max_tokens": 16, "vllm_xargs": {"steps": 32}}, ["steps=32 is more than the generation length (max_tokens=16", "use at most 16 steps"]),
+    ("refresh_interval-without-cache", "completions", {"max_tokens": 16, "vllm_xargs": {"refresh_interval": 2}}, ["diffusion option 'refresh_interval'=2 only applies with a KV cache, but 'cache' is 'none'"]),
+    ("delay_step-without-cache", "chat", {"max_tokens": 16, "vllm_xargs": {"delay_step": 1}}, ["diffusion option 'delay_step'=1 only applies with a KV cache"]),
+    ("bad-cache", "completions", {"max_tokens": 16, "vllm_xargs": {"cache": "sparse"}}, ["unknown cache policy 'sparse': diffusion option 'cache' must be none, prefix or dual"]),
+    # LLaDA's reference has no top-k/top-p: refused at any temperature and by any route.
+    ("top_k-llada-sampled", "completions", {"max_tokens": 16, "temperature": 0.7, "top_k": 50}, ["'top_k'=50 is not supported for LLaDA: its reference decoding has no top-k/top-p filter"]),
+    ("top_k-llada-greedy", "completions", {"max_tokens": 16, "temperature": 0, "top_k": 50}, ["'top_k'=50 is not supported for LLaDA"]),
+    ("top_p-llada-default-temperature", "chat", {"max_tokens": 16, "top_p": 0.9}, ["'top_p'=0.9 is not supported for LLaDA"]),
+    ("top_k-llada-xargs", "completions", {"max_tokens": 16, "vllm_xargs": {"top_k": 50}}, ["'top_k'=50 is not supported for LLaDA"]),
+    # vLLM drops min_p at temperature 0 before any plugin hook: the front end sees it.
+    ("min_p-greedy", "completions", {"max_tokens": 16, "temperature": 0, "min_p": 0.1}, ["'min_p' is not supported by diffusion decoding"]),
+    ("min_p-default-temperature", "chat", {"max_tokens": 16, "min_p": 0.1}, ["'min_p' is not supported by diffusion decoding"]),
     ("logit_bias", "completions", {"max_tokens": 16, "logit_bias": {"5": 1.0}}, ["logit_bias"]),
     ("logprobs", "completions", {"max_tokens": 16, "logprobs": 2}, ["logprobs"]),
     ("prompt_logprobs", "completions", {"max_tokens": 16, "prompt_logprobs": 1}, ["prompt_logprobs"]),
@@ -442,6 +456,31 @@ def test_bad_request_is_400_naming_the_problem(server, client, path, body, words
         assert word in message, f"{word!r} not in {message!r}"
 
 
+# vLLM answers these differently when streaming, for every model (its own checks).
+_STREAM_SPECIFIC = {"beam-search", "empty-token-prompt", "prompt_logprobs"}
+
+
+@pytest.mark.parametrize(
+    "path,body,words",
+    [b[1:] for b in BAD_REQUESTS if b[0] not in _STREAM_SPECIFIC],
+    ids=[b[0] for b in BAD_REQUESTS if b[0] not in _STREAM_SPECIFIC],
+)
+def test_streaming_bad_request_is_the_same_400(server, client, path, body, words):
+    """Issue 15: a refused streaming request is an HTTP 400 with the non-streaming
+    body, not a 200 whose first event is the error."""
+    url = "/v1/chat/completions" if path == "chat" else "/v1/completions"
+    plain = _post(client, server, url, _bad_body(path, body), expect=None)
+    streamed = _post(client, server, url, {**_bad_body(path, body), "stream": True}, expect=None)
+    assert streamed.status_code == plain.status_code == 400, streamed.text[:600]
+    assert streamed.headers["content-type"].startswith("application/json")
+    assert streamed.json()["error"]["message"] == plain.json()["error"]["message"]
+
+
+def test_streaming_good_request_still_streams(server, client):
+    events = sse_events(client, server, "/v1/completions", {"prompt": "hello", "max_tokens": 16, "vllm_xargs": XARGS})
+    assert events and all("error" not in e for e in events)
+
+
 @pytest.mark.parametrize("path", ["completions", "chat"])
 def test_best_of_is_not_a_server_error(server, client, path):
     """best_of: vLLM's completions API has no such field (ignored); chat's is unused.
@@ -467,6 +506,38 @@ def test_canvas_is_clamped_to_the_context_like_every_vllm_model(server, client):
         {"prompt": prompt, "max_tokens": 16, "vllm_xargs": {"block_length": 8}}, expect=None,
     )
     assert resp.status_code == 400 and "block_length" in resp.json()["error"]["message"]
+
+
+def test_max_tokens_over_the_context_is_lowered_not_refused(server, client, tokenizer):
+    """Issue 15: max_tokens <= max_model_len with prompt + max_tokens > max_model_len
+    is accepted and the canvas lowered to max_model_len - prompt (vLLM's front end,
+    for every model; README "Serving").  With EOS suppressed the whole lowered canvas
+    comes back, so its length is observable."""
+    prompt = list(range(3, 66))  # 63 tokens, like the issue's 63 of 512
+    resp = _post(
+        client, server, "/v1/completions",
+        {"prompt": prompt, "max_tokens": 250, "return_token_ids": True,
+         "vllm_xargs": {"logits_eos_inf": True, "steps": 193}},
+        expect=200,
+    )
+    out = resp.json()
+    assert out["usage"]["prompt_tokens"] == 63
+    assert len(out["choices"][0]["token_ids"]) == out["usage"]["completion_tokens"] == 256 - 63
+    # max_tokens above max_model_len itself is vLLM's 400.
+    resp = _post(client, server, "/v1/completions", {"prompt": prompt, "max_tokens": 257}, expect=400)
+    assert "max_tokens=257 cannot be greater than max_model_len=256" in resp.json()["error"]["message"]
+
+
+def test_default_canvas_and_no_cap(server, client):
+    """A request without max_tokens gets a 128-position canvas (the tiny checkpoint's
+    generation_config.json names no max_new_tokens), and a larger max_tokens is not
+    capped to that default: vLLM reads an overridden max_new_tokens as a server-wide
+    cap, so the plugin must not set one (it did, lowering max_tokens 192 to 128)."""
+    eos_off = {"logits_eos_inf": True, "block_length": 8}
+    out = complete(client, server, prompt="hello", return_token_ids=True, vllm_xargs=eos_off)
+    assert out["usage"]["completion_tokens"] == 128
+    out = complete(client, server, prompt="hello", max_tokens=192, return_token_ids=True, vllm_xargs=eos_off)
+    assert out["usage"]["completion_tokens"] == 192
 
 
 # --------------------------------------------------------------------------------------
@@ -655,9 +726,12 @@ def test_load_mixed_valid_and_invalid(server, client, tokenizer):
 def test_client_disconnect_aborts_request(server, client):
     wait_idle(client, server)
     steps_name = "vllm:diffusion_num_denoising_steps_total"
+    # Four sequences of 192 steps: long enough that the abort lands first even when
+    # the API server is slow to notice the disconnect on a loaded 2-core machine.
+    copies = 4
     long_body = {
         "model": server.model, "prompt": "hello", "max_tokens": 192, "stream": True,
-        "vllm_xargs": {"steps": 192, "block_length": 8},
+        "n": copies, "temperature": 0.7, "seed": 1, "vllm_xargs": {"steps": 192, "block_length": 8},
     }
     side_body = {"prompt": "Once upon a time there was", "max_tokens": 16, "vllm_xargs": XARGS}
     side_reference = complete(client, server, **side_body)["choices"][0]["text"]
@@ -690,8 +764,8 @@ def test_client_disconnect_aborts_request(server, client):
 
     after = wait_idle(client, server, seconds=10)
     ran = after[steps_name] - before
-    # The side request ran 16 steps; the dropped one must have stopped well short of 192.
-    assert ran < 16 + 192, f"the disconnected request was not aborted ({ran} denoising steps ran)"
+    # The side request ran 16 steps; the dropped ones must have stopped short of 192 each.
+    assert ran < 16 + copies * 192, f"the disconnected request was not aborted ({ran} denoising steps ran)"
     assert server.healthy()
 
 

@@ -94,14 +94,35 @@ _REQUEST_KEYS: dict[str, dict[str, tuple[type, ...]]] = {
         "eps": (int, float),
         "alg": (str,),
         "alg_temp": (int, float, type(None)),
+        # vLLM resets its own top_k/top_p fields at temperature 0, but Dream's
+        # reference still renormalises its confidences over the top-k/top-p set
+        # there: extra_args is the route that survives (see resolve()).
+        "top_k": (int,),
+        "top_p": (int, float),
     },
 }
 
-ADMISSION_MODES = ("greedy", "lookahead", "reserve", "static")
-ATTENTION_BACKENDS = ("torch", "triton")  # see attention/backends.py
+# Dream keys that are vLLM sampling fields as well: server-wide defaults come from
+# vLLM's own generation-config route, not from --additional-config.
+DREAM_FILTER_KEYS = ("top_k", "top_p")
+# vLLM's "no filter" values of its sampling fields.
+NEUTRAL_TOP_K = (0, -1)
+NEUTRAL_TOP_P = 1.0
 
-# vLLM's own fields: naming them in extra_args would be ambiguous.
+
+def is_filter(key: str, value: Any) -> bool:
+    """Whether a top_k / top_p value asks for a filter (vLLM's neutral values do not)."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return value not in NEUTRAL_TOP_K if key == "top_k" else value < NEUTRAL_TOP_P
+
+ADMISSION_MODES = ("greedy", "lookahead", "reserve", "static")
+ATTENTION_BACKENDS = ("torch", "triton", "flash")  # see attention/backends.py
+
+# vLLM's own fields: naming them in extra_args would be ambiguous (Dream's top_k /
+# top_p excepted, see _REQUEST_KEYS).
 _SAMPLING_PARAM_FIELDS = ("temperature", "top_p", "top_k", "seed", "max_tokens")
+KIND_NAMES = {LLADA: "LLaDA", DREAM: "Dream"}
 
 PAPER_DEFAULTS: dict[str, dict[str, Any]] = {
     LLADA: {
@@ -120,7 +141,7 @@ PAPER_DEFAULTS: dict[str, dict[str, Any]] = {
 DEFAULT_MAX_NUM_LOGITS = 1024
 
 
-def _check_type(key: str, value: Any, types: tuple[type, ...], where: str) -> None:
+def _check_type(key: str, value: Any, types: tuple[type, ...], prefix: str = "") -> None:
     if isinstance(value, bool) and bool not in types:
         ok = False
     elif types == (bool,) and not isinstance(value, bool):
@@ -132,7 +153,7 @@ def _check_type(key: str, value: Any, types: tuple[type, ...], where: str) -> No
     if not ok:
         names = " or ".join("null" if t is type(None) else t.__name__ for t in types)
         raise OptionError(
-            f"{where} '{key}' must be {names}, got {type(value).__name__} {value!r}"
+            f"{prefix}diffusion option '{key}' must be {names}, got {type(value).__name__} {value!r}"
         )
 
 
@@ -140,49 +161,79 @@ MAX_STEPS_PER_TOKEN = 8
 MIN_ALG_TEMP = 1e-3
 
 
-def _range_problem(key: str, value: Any) -> str | None:
-    """Why a well-typed option value is out of range, or None."""
+def _one_of(choices: tuple[str, ...]) -> str:
+    return ", ".join(choices[:-1]) + " or " + choices[-1]
+
+
+def _range_problem(key: str, value: Any, prefix: str = "") -> str | None:
+    """Why a well-typed option value is out of range, as one sentence, or None.
+
+    `prefix` names where the option was set ("" for a request)."""
+    option = f"{prefix}diffusion option '{key}'"
     if isinstance(value, float) and not math.isfinite(value):
-        return f"'{key}' must be a finite number, got {value}"
+        return f"{option} must be a finite number, got {value}"
     if key == "alg_temp" and value is not None and 0 < value < MIN_ALG_TEMP:
-        return f"'alg_temp' must be 0 or at least {MIN_ALG_TEMP}, got {value}"
+        return f"{option} must be 0 or at least {MIN_ALG_TEMP}, got {value}"
     if key in ("steps", "block_length") and value <= 0:
-        return f"'{key}' must be a positive integer, got {value}"
+        return f"{option} must be a positive integer, got {value}"
+    # The value the user typed first, then what is allowed.
     if key == "remasking" and value not in LLADA_REMASKING:
-        return f"unknown remasking '{value}'; choose one of {', '.join(LLADA_REMASKING)}"
+        return f"{prefix}unknown remasking '{value}': diffusion option 'remasking' must be {_one_of(LLADA_REMASKING)}"
     if key == "cache" and value not in CACHE_POLICIES:
-        return f"unknown cache policy '{value}'; choose one of {', '.join(CACHE_POLICIES)}"
-    if key in ("refresh_interval", "delay_step") and value < 0:
-        return f"'{key}' must be >= 0, got {value}"
+        return f"{prefix}unknown cache policy '{value}': diffusion option 'cache' must be {_one_of(CACHE_POLICIES)}"
     if key == "alg" and value not in DREAM_ALGS:
-        return f"unknown alg '{value}'; choose one of {', '.join(DREAM_ALGS)}"
-    if key in ("cfg_scale", "alg_temp") and value is not None and value < 0:
-        return f"'{key}' must be >= 0, got {value}"
+        return f"{prefix}unknown alg '{value}': diffusion option 'alg' must be {_one_of(DREAM_ALGS)}"
+    if key in ("refresh_interval", "delay_step", "cfg_scale", "alg_temp") and value is not None and value < 0:
+        return f"{option} must be >= 0, got {value}"
     if key == "eps" and not 0 < value < 1:
-        return f"'eps' must lie in (0, 1), got {value}"
+        return f"{option} must lie in (0, 1), got {value}"
+    if key == "top_k" and value < -1:
+        return f"{option} must be a positive integer (0 or -1: no top-k filter), got {value}"
+    if key == "top_p" and not 0 < value <= 1:
+        return f"{option} must lie in (0, 1] (1: no top-p filter), got {value}"
     return None
 
 
-def check_overrides(kind: str, values: dict[str, Any], where: str) -> dict[str, Any]:
-    """Type- and range-check a dict of option overrides for one model kind."""
+SERVER = "--additional-config dllm: "  # message prefix of server-wide options
+
+
+def llada_has_no_filter(key: str, value: Any) -> str:
+    return (
+        f"'{key}'={value} is not supported for LLaDA: its reference decoding has no "
+        f"top-k/top-p filter (leave '{key}' unset)"
+    )
+
+
+def _unknown_key(kind: str, key: str, prefix: str) -> str:
+    """One sentence for a key the model kind does not know, with what it does know."""
+    owners = [KIND_NAMES[k] for k, keys in _REQUEST_KEYS.items() if k != kind and key in keys]
+    hint = f" ('{key}' is a {owners[0]} option)" if owners else ""
+    known = ", ".join(sorted(_REQUEST_KEYS[kind]))
+    return f"{prefix}unknown diffusion option '{key}' for {kind} models{hint}; {KIND_NAMES[kind]} options are {known}"
+
+
+def check_overrides(kind: str, values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Type- and range-check a dict of option overrides for one model kind.
+
+    `prefix` starts every message and names where the options were set: "" for a
+    request's extra_args / vllm_xargs, SERVER for --additional-config."""
     if not isinstance(values, dict):
-        raise OptionError(f"{where} must be a JSON object, got {type(values).__name__}")
+        raise OptionError(f"{prefix}the diffusion options must be a JSON object, got {type(values).__name__}")
     allowed = _REQUEST_KEYS[kind]
     for key, value in values.items():
-        if key in _SAMPLING_PARAM_FIELDS:
+        if key in _SAMPLING_PARAM_FIELDS and key not in allowed:
+            if kind == LLADA and key in DREAM_FILTER_KEYS:
+                raise OptionError(prefix + llada_has_no_filter(key, value))
             raise OptionError(
-                f"{where} '{key}' is a standard sampling parameter: set it as "
+                f"{prefix}'{key}' is a standard sampling parameter: set it as "
                 f"'{key}' on the request, not in the diffusion options"
             )
         if key not in allowed:
-            raise OptionError(
-                f"{where} has unknown diffusion option '{key}' for {kind}; "
-                f"known options: {', '.join(sorted(allowed))}"
-            )
-        _check_type(key, value, allowed[key], where)
-        problem = _range_problem(key, value)
+            raise OptionError(_unknown_key(kind, key, prefix))
+        _check_type(key, value, allowed[key], prefix)
+        problem = _range_problem(key, value, prefix)
         if problem:
-            raise OptionError(f"{where} {problem}")
+            raise OptionError(problem)
     return dict(values)
 
 
@@ -199,7 +250,7 @@ def defaults_from_generation_config(kind: str, gen_config: dict[str, Any]) -> di
         if value is None:
             continue
         try:
-            _check_type(key, value, keys[key], "generation_config.json")
+            _check_type(key, value, keys[key])
         except OptionError:
             continue
         if _range_problem(key, value) is None:
@@ -222,29 +273,38 @@ class ServerDefaults:
         cls, kind: str, generation_config: dict[str, Any], server: dict[str, Any]
     ) -> "ServerDefaults":
         if not isinstance(server, dict):
-            raise OptionError("--additional-config 'dllm' must be a JSON object")
+            raise OptionError(f"{SERVER}'dllm' must be a JSON object, got {type(server).__name__}")
         server = dict(server)
         max_num_logits = server.pop("max_num_logits", DEFAULT_MAX_NUM_LOGITS)
-        _check_type("max_num_logits", max_num_logits, (int,), "--additional-config dllm")
-        if max_num_logits < 2:
+        if type(max_num_logits) is not int or max_num_logits < 2:
             # Classifier-free guidance projects a conditional and an unconditional
             # row per position in one chunk.
-            raise OptionError("--additional-config dllm 'max_num_logits' must be at least 2")
+            raise OptionError(f"{SERVER}'max_num_logits' must be an integer of at least 2, got {max_num_logits!r}")
         admission = server.pop("admission", "greedy")
         if admission not in ADMISSION_MODES:
             raise OptionError(
-                f"--additional-config dllm 'admission' must be one of {', '.join(ADMISSION_MODES)}, "
-                f"got {admission!r}"
+                f"{SERVER}'admission' must be one of {', '.join(ADMISSION_MODES)}, got {admission!r}"
             )
         attention_backend = server.pop("attention_backend", None)
         if attention_backend is not None and attention_backend not in ATTENTION_BACKENDS:
             raise OptionError(
-                f"--additional-config dllm 'attention_backend' must be one of "
+                f"{SERVER}'attention_backend' must be one of "
                 f"{', '.join(ATTENTION_BACKENDS)}, got {attention_backend!r}"
             )
+        for key in DREAM_FILTER_KEYS:
+            if kind == DREAM and key in server:
+                # One source of server-wide sampling defaults: vLLM's, which it also
+                # applies itself at temperature > 0.
+                raise OptionError(
+                    f"{SERVER}'{key}' is a standard sampling parameter: set its server-wide default "
+                    f"with vLLM's --override-generation-config '{{\"{key}\": ...}}'"
+                )
         merged = dict(PAPER_DEFAULTS[kind])
         merged.update(defaults_from_generation_config(kind, generation_config))
-        merged.update(check_overrides(kind, server, "--additional-config dllm"))
+        server = check_overrides(kind, server, SERVER)
+        if kind == LLADA:
+            _check_cache_knobs({**merged, **server}, server, SERVER)
+        merged.update(server)
         return cls(
             kind=kind,
             overrides=merged,
@@ -279,6 +339,31 @@ def _positive_int(name: str, value: int) -> int:
     return value
 
 
+def _check_cache_knobs(merged: dict[str, Any], given: dict[str, Any], prefix: str) -> None:
+    """refresh_interval and delay_step shape a KV cache; without one they would be
+    silently ignored.  Only values set at this level are refused, so a request that
+    turns the cache off is not blamed for the server's cache defaults."""
+    if merged["cache"] != "none":
+        return
+    for key in ("refresh_interval", "delay_step"):
+        if given.get(key):
+            raise OptionError(
+                f"{prefix}diffusion option '{key}'={given[key]} only applies with a KV cache, "
+                f"but 'cache' is 'none'; set 'cache' to prefix or dual, or drop '{key}'"
+            )
+
+
+def _dream_filter(key: str, request: dict, field: float, defaults: ServerDefaults) -> Any:
+    """A Dream top_k / top_p value: the request's extra_args, else vLLM's field (not
+    neutral only at temperature > 0: vLLM resets it below 1e-5), else the server's
+    default (generation_config.json / --override-generation-config)."""
+    if key in request:
+        return request[key]
+    if is_filter(key, field):
+        return field
+    return defaults.overrides.get(key)
+
+
 def resolve(
     defaults: ServerDefaults,
     *,
@@ -295,16 +380,27 @@ def resolve(
     gen_length = _positive_int("max_tokens", max_tokens)
     if temperature < 0:
         raise OptionError(f"'temperature' must be >= 0, got {temperature}")
-    request = check_overrides(kind, extra_args or {}, "diffusion option")
+    if not 0 < top_p <= 1:
+        raise OptionError(f"'top_p' must lie in (0, 1], got {top_p}")
+    request = check_overrides(kind, extra_args or {})
     merged = {**defaults.overrides, **request}
     steps = _positive_int("steps", merged.get("steps", gen_length))
-    if steps > MAX_STEPS_PER_TOKEN * gen_length:
-        raise OptionError(
-            f"steps={steps} is more than {MAX_STEPS_PER_TOKEN} per generated token "
-            f"(max_tokens={gen_length})"
-        )
 
     if kind == LLADA:
+        for name, value in (("top_k", top_k), ("top_p", top_p)):
+            if is_filter(name, value):
+                raise OptionError(llada_has_no_filter(name, value))
+        if steps > gen_length:
+            if "steps" in request:
+                # LLaDA commits at least one token per step while masks remain, so the
+                # steps beyond the canvas would commit nothing.
+                raise OptionError(
+                    f"steps={steps} is more than the generation length (max_tokens={gen_length}, "
+                    f"after vLLM caps it at max_model_len minus the prompt): LLaDA commits at least "
+                    f"one token per step, so use at most {gen_length} steps"
+                )
+            steps = gen_length  # a server/generation_config default: the same tokens
+        _check_cache_knobs(merged, request, "")
         # An unset block length that does not divide the generation falls back to
         # one block: the request did not ask for semi-autoregressive decoding.
         block_length = merged.get("block_length", gen_length)
@@ -340,9 +436,16 @@ def resolve(
             confidence_eos_eot_inf=bool(merged["confidence_eos_eot_inf"]),
         )
 
+    if steps > MAX_STEPS_PER_TOKEN * gen_length:
+        # Dream's schedule may unmask nothing on some steps, so steps may exceed the
+        # canvas (as in its reference), within a bound on the work.
+        raise OptionError(
+            f"steps={steps} is more than {MAX_STEPS_PER_TOKEN} per generated token "
+            f"(max_tokens={gen_length})"
+        )
     alg_temp = merged.get("alg_temp")
-    if not 0 < top_p <= 1:
-        raise OptionError(f"'top_p' must lie in (0, 1], got {top_p}")
+    dream_top_k = _dream_filter("top_k", request, top_k, defaults)
+    dream_top_p = _dream_filter("top_p", request, top_p, defaults)
     return DreamOptions(
         gen_length=gen_length,
         steps=steps,
@@ -351,8 +454,8 @@ def resolve(
         alg_temp=float(alg_temp) if alg_temp else None,
         temperature=float(temperature),
         # vLLM's "off" values (top_p 1, top_k 0 or -1) mean the filter is not applied.
-        top_p=None if top_p >= 1 else float(top_p),
-        top_k=top_k if top_k > 0 else None,
+        top_p=None if dream_top_p is None or dream_top_p >= 1 else float(dream_top_p),
+        top_k=dream_top_k if dream_top_k is not None and dream_top_k > 0 else None,
     )
 
 

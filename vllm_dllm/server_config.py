@@ -13,7 +13,14 @@ from typing import Any
 from vllm.logger import init_logger
 
 from vllm_dllm.compat import keep_v1_model_runner, set_default_block_size
-from vllm_dllm.options import ARCHITECTURE_KINDS, LLADA, ServerDefaults
+from vllm_dllm.options import (
+    ARCHITECTURE_KINDS,
+    DREAM_FILTER_KEYS,
+    LLADA,
+    OptionError,
+    ServerDefaults,
+    is_filter,
+)
 
 logger = init_logger(__name__)
 
@@ -23,7 +30,7 @@ USER_KEY = "dllm"
 SCHEDULER_CLS = "vllm_dllm.scheduler.scheduler.DiffusionScheduler"
 CPU_WORKER_CLS = "vllm_dllm.worker.cpu_worker.DiffusionCPUWorker"
 GPU_WORKER_CLS = "vllm_dllm.worker.gpu_worker.DiffusionGPUWorker"
-DEFAULT_GEN_LENGTH = 128  # the LLaDA reference's default gen_length
+DEFAULT_GEN_LENGTH = 128  # the LLaDA reference's default gen_length (see frontend.py)
 
 VALIDATOR_CLS = "vllm_dllm.validation:DiffusionParamsValidator"
 
@@ -61,6 +68,16 @@ def _generation_config(model_config) -> dict[str, Any]:
     return dict(config or {})
 
 
+def _with_vllm_filter_defaults(gen_config: dict[str, Any], model_config) -> dict[str, Any]:
+    """generation_config.json with top_k / top_p as vLLM resolved them: the file as
+    `--generation-config` selects it, then `--override-generation-config`.  vLLM
+    applies these itself only at temperature > 0; Dream's rule needs them at 0 too."""
+    sampling = model_config.get_diff_sampling_param()
+    out = {k: v for k, v in gen_config.items() if k not in DREAM_FILTER_KEYS}
+    out.update({k: sampling[k] for k in DREAM_FILTER_KEYS if k in sampling})
+    return out
+
+
 class DiffusionConfigHook:
     """Registered in vLLM's MODELS_CONFIG_MAP for LLaDAModelLM and DreamModel."""
 
@@ -75,10 +92,21 @@ class DiffusionConfigHook:
             # The LLaDA reference decodes greedily unless asked otherwise; its
             # generation_config.json says nothing about temperature.
             overrides.setdefault("temperature", 0.0)
-        if "max_new_tokens" not in gen_config:
-            # max_tokens is the canvas: without a default the OpenAI server would
-            # denoise everything up to max_model_len.
-            overrides.setdefault("max_new_tokens", DEFAULT_GEN_LENGTH)
+        if kind == LLADA:
+            for key in DREAM_FILTER_KEYS:
+                if is_filter(key, gen_config.get(key)):
+                    # LLaDA's reference has no top-k/top-p: a checkpoint's value would
+                    # make vLLM refuse every sampled request.  The user's own
+                    # --override-generation-config still wins (and fails at start-up).
+                    logger.warning(
+                        "Ignoring %s=%s from generation_config.json: LLaDA decoding has no "
+                        "top-k/top-p filter.", key, gen_config[key],
+                    )
+                    overrides.setdefault(key, 0 if key == "top_k" else 1.0)
+        # No max_new_tokens here: vLLM's OpenAI server reads an overridden
+        # max_new_tokens as a server-wide cap, not a default (it silently lowered
+        # every larger max_tokens).  The default canvas of a request without
+        # max_tokens is set by the HTTP front end (frontend.py).
         model_config.override_generation_config = overrides
 
     @staticmethod
@@ -89,9 +117,15 @@ class DiffusionConfigHook:
         if kind is None:
             return
         additional = vllm_config.additional_config
-        defaults = ServerDefaults.build(
-            kind, _generation_config(model_config), additional.get(USER_KEY, {})
-        )
+        gen_config = _with_vllm_filter_defaults(_generation_config(model_config), model_config)
+        if kind == LLADA:
+            for key in DREAM_FILTER_KEYS:
+                if is_filter(key, gen_config.get(key)):
+                    raise OptionError(
+                        f"--override-generation-config sets {key}={gen_config[key]}, but LLaDA's "
+                        f"reference decoding has no top-k/top-p filter; remove '{key}'"
+                    )
+        defaults = ServerDefaults.build(kind, gen_config, additional.get(USER_KEY, {}))
         additional[RESOLVED_KEY] = defaults.to_dict()
         _process_defaults = defaults
 

@@ -4,6 +4,10 @@ vLLM calls `validate_params` of every configured logits processor on each reques
 before it reaches the engine, and turns its ValueError into an HTTP 400 (or an
 exception from `LLM.generate`).  The class is a logits processor only in shape: its
 `apply` is the identity and our runner never calls it.
+
+The scheduler resolves the options again at admission (the engine-side second line,
+for requests that bypass this process).  For a streaming request vLLM runs this
+check only after it has sent `200 OK`; frontend.py turns that into a 400.
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ _UNSUPPORTED = {
 }
 
 
+def unsupported(name: str) -> str:
+    return f"'{name}' is not supported by diffusion decoding"
+
+
 class DiffusionParamsValidator(LogitsProcessor):
     @classmethod
     def validate_params(cls, sampling_params) -> None:
@@ -41,9 +49,7 @@ class DiffusionParamsValidator(LogitsProcessor):
             return
         for name, is_set in _UNSUPPORTED.items():
             if is_set(sampling_params):
-                raise VLLMValidationError(
-                    f"'{name}' is not supported by diffusion decoding", parameter=name
-                )
+                raise VLLMValidationError(unsupported(name), parameter=name)
         try:
             resolve(
                 defaults,
