@@ -94,9 +94,9 @@ class Batch:
         return torch.tensor(self.canvas(slot)) == MASK
 
     def unfinished(self) -> torch.Tensor:
-        """Admitted slots that still have steps to run (what a scheduler would run)."""
+        """Admitted slots whose last block has not ended (what a scheduler would run)."""
         s = self.state
-        return self.slots[s.step[self.slots] < s.steps[self.slots]]
+        return self.slots[s.block[self.slots] < s.num_blocks[self.slots]]
 
 
 def admit(requests, *, slots=None, capacity=None, max_gen=None, ids=IDS) -> Batch:

@@ -464,6 +464,37 @@ def reuse_query_range(cache: str, prompt_len: int, gen_length: int, block: int, 
 
 
 @torch.no_grad()
+def parallel_count(rule: str, values: list[float], floor: int, *, threshold: float, factor: float,
+                   gamma: float, max_tokens_per_step: int) -> int:
+    """Positions a parallel rule commits from its block's masked positions' values
+    (confidences; entropies for entropy_bound), from the published definitions:
+    threshold (Fast-dLLM): every confidence >= threshold; factor (Fast-dLLM): the
+    largest n with c_i >= 1 - factor / (i + 1) for all i <= n over the descending
+    confidences; entropy_bound (EB-sampler): the longest ascending-entropy prefix
+    whose sum is <= gamma.  At least one, at most max_tokens_per_step (> 0), never
+    below the fixed schedule's `floor`."""
+    if rule == "threshold":
+        n = sum(v >= threshold for v in values)
+    elif rule == "factor":
+        ordered = sorted(values, reverse=True)
+        n = 0
+        while n < len(ordered) and ordered[n] >= 1 - factor / (n + 2):
+            n += 1
+    elif rule == "entropy_bound":
+        total, n = 0.0, 0
+        for v in sorted(values):
+            total += v
+            if total > gamma:
+                break
+            n += 1
+    else:
+        raise NotImplementedError(rule)
+    n = max(n, 1)
+    if max_tokens_per_step > 0:
+        n = min(n, max_tokens_per_step)
+    return min(max(n, floor), len(values))
+
+
 def llada_generate(
     model,
     prompt_ids: list[int],
@@ -483,8 +514,14 @@ def llada_generate(
     cache: str = "none",
     refresh_interval: int = 0,
     delay_step: int = 0,
+    decoding: str = "fixed",
+    threshold: float = 0.9,
+    factor: float = 1.0,
+    gamma: float = 1.0,
+    max_tokens_per_step: int = 0,
 ) -> OracleResult:
-    """LLaDA `generate` (MODEL_SPEC section 3) with an optional KV-cache policy.
+    """LLaDA `generate` (MODEL_SPEC section 3) with an optional KV-cache policy and
+    parallel decoding.
 
     cache="none": every step is a full forward (the reference).  cache="prefix"/"dual"
     (Fast-dLLM): a step is a Refresh (full forward; the per-layer post-RoPE K/V of every
@@ -495,6 +532,11 @@ def llada_generate(
     k > delay_step and (k - delay_step) % refresh_interval == 0.  With CFG the prompt-masked
     twin runs the same phases with its own cache.  `model` needs `forward_queries` unless
     cache == "none".
+
+    decoding != "fixed" (Fast-dLLM's threshold and factor rules, the EB-sampler's
+    entropy bound): a step commits the rule's count of the block's masked positions
+    (see `parallel_count`), at least the fixed schedule's count, and the block ends
+    as soon as it has no masks left.
     """
     assert cache in CACHE_POLICIES, f"cache must be one of {CACHE_POLICIES}"
     assert refresh_interval >= 0, "refresh_interval must be >= 0"
@@ -526,6 +568,8 @@ def llada_generate(
 
         for i in range(steps_per_block):
             mask_index = x == mask_id
+            if decoding != "fixed" and not bool(mask_index[0, block_start:block_end].any()):
+                break
             refresh = cache == "none" or is_refresh_step(i, kv_cache is not None, refresh_interval, delay_step)
             if cache == "none":
                 n_query = seq_len
@@ -589,6 +633,19 @@ def llada_generate(
             confidence = torch.where(mask_index, x0_p, torch.tensor(-math.inf, dtype=x0_p.dtype))
 
             k = int(num_transfer[0, i])
+            if decoding != "fixed":
+                masked = [p for p in range(block_start, block_end) if bool(mask_index[0, p])]
+                if decoding == "entropy_bound":
+                    probs = F.softmax(logits[0], dim=-1)
+                    entropy = {p: float(-(probs[p] * torch.log(probs[p])).nan_to_num().sum()) for p in masked}
+                    confidence = torch.full_like(confidence, -math.inf)
+                    for p in masked:
+                        confidence[0, p] = -entropy[p]
+                    values = [entropy[p] for p in masked]
+                else:
+                    values = [float(confidence[0, p]) for p in masked]
+                k = parallel_count(decoding, values, min(k, len(masked)), threshold=threshold, factor=factor,
+                                   gamma=gamma, max_tokens_per_step=max_tokens_per_step)
             if k > 0:
                 _, select = torch.topk(confidence[0], k)
                 ties += int(_cut_is_tied(confidence[0], k))

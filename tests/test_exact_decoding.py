@@ -49,7 +49,18 @@ LLADA_CASES = [
     Case("logits_eos_inf", 4, 16, {"steps": 16, "logits_eos_inf": True}),
     Case("confidence_eos_eot_inf", 13, 16, {"block_length": 8, "steps": 16, "confidence_eos_eot_inf": True}),
     Case("confidence_eos_eot_inf at T>0", 3, 16, {"steps": 8, "confidence_eos_eot_inf": True}, temperature=0.5, seed=5),
+    # Parallel decoding (blocks end when they have no masks; the tiny model's top
+    # probabilities lie around 0.29-0.32 and its entropies around 2.8 nats, so these
+    # parameters commit a varying number per step).
+    Case("threshold (Fast-dLLM)", 6, 32, {"block_length": 8, "steps": 32, "decoding": "threshold", "threshold": 0.3}),
+    Case("threshold, dual cache", 7, 32,
+         {"block_length": 8, "steps": 32, "decoding": "threshold", "threshold": 0.3, "cache": "dual"}),
+    Case("factor, dual cache", 5, 32, {"block_length": 8, "steps": 32, "decoding": "factor", "factor": 1.9, "cache": "dual"}),
+    Case("entropy bound over a two-per-step floor, prefix cache", 8, 32,
+         {"block_length": 16, "steps": 16, "decoding": "entropy_bound", "gamma": 8.0, "cache": "prefix"}),
 ]
+
+PARALLEL_KEYS = ("cache", "decoding", "threshold", "factor", "gamma", "max_tokens_per_step")
 
 DREAM_CASES = [
     Case("origin", 5, 24, {"steps": 24}, seed=1),
@@ -81,6 +92,7 @@ def oracle_tokens(model, tokenizer_ids, arch: str, prompt: list[int], case: Case
             logits_eos_inf=extra.get("logits_eos_inf", False),
             confidence_eos_eot_inf=extra.get("confidence_eos_eot_inf", False),
             seed=case.seed or 0,
+            **{key: extra[key] for key in PARALLEL_KEYS if key in extra},
         )
     else:
         result = oracle.dream_generate(

@@ -111,11 +111,11 @@ def test_batch_phases_match_the_scheduler_phase(seed):
     phases = batch_phases(PhaseParams(
         prompt_len=t([r[1] for r in rows]),
         gen_length=t([r[0].gen_length for r in rows]),
-        step=t([r[2] for r in rows]),
+        block=t([r[2] // r[0].steps_per_block for r in rows]),
+        block_step=t([r[2] % r[0].steps_per_block for r in rows]),
         has_cache=t([r[3] for r in rows]),
         policy=t([CACHE_POLICIES.index(r[0].cache) for r in rows]),
         block_length=t([r[0].block_length for r in rows]),
-        steps_per_block=t([r[0].steps_per_block for r in rows]),
         delay_step=t([r[0].delay_step for r in rows]),
         refresh_interval=t([r[0].refresh_interval for r in rows]),
     ))

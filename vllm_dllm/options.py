@@ -24,6 +24,7 @@ ARCHITECTURE_KINDS = {"LLaDAModelLM": LLADA, "DreamModel": DREAM}
 LLADA_REMASKING = ("low_confidence", "random")
 CACHE_POLICIES = ("none", "prefix", "dual")
 DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
+DECODING_RULES = ("fixed", "threshold", "factor", "entropy_bound")  # see decoding/parallel.py
 
 
 class OptionError(ValueError):
@@ -43,6 +44,12 @@ class LLaDAOptions:
     cache: str = "none"
     refresh_interval: int = 0
     delay_step: int = 0
+    # Parallel decoding (decoding/parallel.py): the rule and its parameters.
+    decoding: str = "fixed"
+    threshold: float = 0.9
+    factor: float = 1.0
+    gamma: float = 1.0
+    max_tokens_per_step: int = 0  # 0: no cap
 
     @property
     def num_blocks(self) -> int:
@@ -88,6 +95,11 @@ _REQUEST_KEYS: dict[str, dict[str, tuple[type, ...]]] = {
         "cache": (str,),
         "refresh_interval": (int,),
         "delay_step": (int,),
+        "decoding": (str,),
+        "threshold": (int, float),
+        "factor": (int, float),
+        "gamma": (int, float),
+        "max_tokens_per_step": (int,),
     },
     DREAM: {
         "steps": (int,),
@@ -134,6 +146,11 @@ PAPER_DEFAULTS: dict[str, dict[str, Any]] = {
         "cache": "none",
         "refresh_interval": 0,
         "delay_step": 0,
+        "decoding": "fixed",
+        "threshold": 0.9,
+        "factor": 1.0,
+        "gamma": 1.0,
+        "max_tokens_per_step": 0,
     },
     DREAM: {"eps": 1e-3, "alg": "origin", "alg_temp": None},
 }
@@ -181,6 +198,14 @@ def _range_problem(key: str, value: Any, prefix: str = "") -> str | None:
         return f"{prefix}unknown remasking '{value}': diffusion option 'remasking' must be {_one_of(LLADA_REMASKING)}"
     if key == "cache" and value not in CACHE_POLICIES:
         return f"{prefix}unknown cache policy '{value}': diffusion option 'cache' must be {_one_of(CACHE_POLICIES)}"
+    if key == "decoding" and value not in DECODING_RULES:
+        return f"{prefix}unknown decoding rule '{value}': diffusion option 'decoding' must be {_one_of(DECODING_RULES)}"
+    if key == "threshold" and not 0 < value <= 1:
+        return f"{option} must lie in (0, 1], got {value}"
+    if key in ("factor", "gamma") and value <= 0:
+        return f"{option} must be > 0, got {value}"
+    if key == "max_tokens_per_step" and value < 0:
+        return f"{option} must be >= 0 (0: no cap), got {value}"
     if key == "alg" and value not in DREAM_ALGS:
         return f"{prefix}unknown alg '{value}': diffusion option 'alg' must be {_one_of(DREAM_ALGS)}"
     if key in ("refresh_interval", "delay_step", "cfg_scale", "alg_temp") and value is not None and value < 0:
@@ -353,6 +378,33 @@ def _check_cache_knobs(merged: dict[str, Any], given: dict[str, Any], prefix: st
             )
 
 
+# The parameter each parallel decoding rule reads (max_tokens_per_step: all of them).
+DECODING_PARAMETERS = {"threshold": "threshold", "factor": "factor", "entropy_bound": "gamma"}
+
+
+def _check_decoding(merged: dict[str, Any], given: dict[str, Any], prefix: str) -> None:
+    """A rule's parameter without that rule, or a parallel rule with random
+    remasking (whose 'confidences' are uniform draws), would be silently ignored or
+    meaningless.  As for the cache knobs, only values set at this level are refused."""
+    rule = merged["decoding"]
+    for other, parameter in DECODING_PARAMETERS.items():
+        if parameter in given and other != rule:
+            raise OptionError(
+                f"{prefix}diffusion option '{parameter}' only applies with decoding '{other}', "
+                f"but 'decoding' is '{rule}'"
+            )
+    if "max_tokens_per_step" in given and rule == "fixed":
+        raise OptionError(
+            f"{prefix}diffusion option 'max_tokens_per_step' only applies with a parallel decoding rule "
+            f"({_one_of(DECODING_RULES[1:])}), but 'decoding' is 'fixed'"
+        )
+    if rule != "fixed" and merged["remasking"] == "random":
+        raise OptionError(
+            f"{prefix}decoding '{rule}' ranks positions by the model's confidence; it cannot be combined "
+            "with remasking 'random'"
+        )
+
+
 def _dream_filter(key: str, request: dict, field: float, defaults: ServerDefaults) -> Any:
     """A Dream top_k / top_p value: the request's extra_args, else vLLM's field (not
     neutral only at temperature > 0: vLLM resets it below 1e-5), else the server's
@@ -401,6 +453,7 @@ def resolve(
                 )
             steps = gen_length  # a server/generation_config default: the same tokens
         _check_cache_knobs(merged, request, "")
+        _check_decoding(merged, request, "")
         # An unset block length that does not divide the generation falls back to
         # one block: the request did not ask for semi-autoregressive decoding.
         block_length = merged.get("block_length", gen_length)
@@ -426,6 +479,11 @@ def resolve(
             cache=merged["cache"],
             refresh_interval=merged["refresh_interval"],
             delay_step=merged["delay_step"],
+            decoding=merged["decoding"],
+            threshold=float(merged["threshold"]),
+            factor=float(merged["factor"]),
+            gamma=float(merged["gamma"]),
+            max_tokens_per_step=merged["max_tokens_per_step"],
             gen_length=gen_length,
             steps=steps,
             block_length=block_length,

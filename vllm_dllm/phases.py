@@ -12,6 +12,11 @@ preemption), at steps 0..`delay_step` of each block (Sparse-dLLM's delayed updat
 first steps of a block run in full and the cache kept is the one filled at step
 `delay_step`, once the block's first tokens are decoded), and every
 `refresh_interval` steps after that.  Scheduler and runner both call this function, so they agree on costs.
+
+A request's progress is (block, step within the block): under the fixed schedule
+every block takes `steps_per_block` steps; under a parallel decoding rule a block
+ends as soon as it has no masks left, so the engine reports the progress after each
+step and the phase follows it.
 """
 
 from __future__ import annotations
@@ -33,15 +38,22 @@ class StepPhase:
 
 
 def step_phase(options: DecodeOptions, step: int, prompt_len: int, has_cache: bool) -> StepPhase:
+    """The phase at global step `step` of the fixed schedule."""
+    spb = getattr(options, "steps_per_block", options.steps)
+    return block_phase(options, step // spb, step % spb, prompt_len, has_cache)
+
+
+def block_phase(options: DecodeOptions, block: int, block_step: int, prompt_len: int, has_cache: bool) -> StepPhase:
+    """The phase of step `block_step` of block `block`."""
     seq_len = prompt_len + options.gen_length
     full = StepPhase(True, 0, seq_len)
     if not isinstance(options, LLaDAOptions) or options.cache == "none" or not has_cache:
         return full
-    k = step % options.steps_per_block
+    k = block_step
     delay, interval = options.delay_step, options.refresh_interval
     if k <= delay or (interval > 0 and (k - delay) % interval == 0):
         return full
-    block_start = prompt_len + (step // options.steps_per_block) * options.block_length
+    block_start = prompt_len + block * options.block_length
     if options.cache == "prefix":
         return StepPhase(False, block_start, seq_len)
     return StepPhase(False, block_start, block_start + options.block_length)

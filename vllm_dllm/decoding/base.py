@@ -49,6 +49,12 @@ class DecodeState:
         self.gen_length = torch.zeros(capacity, dtype=torch.long, device=device)
         self.steps = torch.ones(capacity, dtype=torch.long, device=device)
         self.step = torch.zeros(capacity, dtype=torch.long, device=device)
+        # Progress: the active block, steps run in it, the blocks of the canvas, and
+        # the fixed schedule's steps per block (a block's upper bound under every rule).
+        self.block = torch.zeros(capacity, dtype=torch.long, device=device)
+        self.block_step = torch.zeros(capacity, dtype=torch.long, device=device)
+        self.num_blocks = torch.ones(capacity, dtype=torch.long, device=device)
+        self.steps_per_block = torch.ones(capacity, dtype=torch.long, device=device)
         self.seed = torch.zeros(capacity, dtype=torch.long, device=device)
         self.temperature = torch.zeros(capacity, dtype=torch.float32, device=device)
         self.cfg_scale = torch.zeros(capacity, dtype=torch.float32, device=device)
@@ -65,6 +71,11 @@ class DecodeState:
         self.gen_length[slot] = options.gen_length
         self.steps[slot] = options.steps
         self.step[slot] = 0
+        self.block[slot] = 0
+        self.block_step[slot] = 0
+        block_length = getattr(options, "block_length", options.gen_length)
+        self.num_blocks[slot] = options.gen_length // block_length
+        self.steps_per_block[slot] = options.steps // (options.gen_length // block_length)
         # The Philox contract keys on seed mod 2**64; int64 holds it by two's
         # complement (the same 64 bits), so no bit of the seed is lost.
         seed %= 1 << 64
@@ -79,13 +90,13 @@ class DecodeState:
     def num_final(self, slots: torch.Tensor, width: int) -> torch.Tensor:
         """Length of each request's committed prefix: the tokens that can be streamed.
 
-        After its configured steps a canvas is final whatever it holds, as the
+        Once its last block has ended a canvas is final whatever it holds, as the
         references return it then, even where a position was committed as the mask
         id itself.
         """
         masked = self.masked(slots, width)
         first_masked = torch.where(masked.any(dim=1), masked.int().argmax(dim=1), self.gen_length[slots])
-        return torch.where(self.step[slots] >= self.steps[slots], self.gen_length[slots], first_masked)
+        return torch.where(self.block[slots] >= self.num_blocks[slots], self.gen_length[slots], first_masked)
 
 
 @dataclass
@@ -190,12 +201,27 @@ class BatchedRule(ABC):
         keys = self.ranking_keys(slots, plan, confidence).double()
         keys = torch.where(keys == float("-inf"), _LOWEST_CANDIDATE, keys)
         keys = torch.where(plan.candidates, keys, float("-inf"))
-        order = torch.sort(keys, dim=1, descending=True, stable=True).indices
+        ordered, order = torch.sort(keys, dim=1, descending=True, stable=True)
         columns = torch.arange(width, device=keys.device).expand_as(order)
         rank = torch.empty_like(order).scatter_(1, order, columns)
-        chosen = rank < plan.count[:, None]
+        chosen = rank < self.commit_count(slots, plan, ordered)[:, None]
         state.canvas[slots, :width] = torch.where(chosen, tokens, state.canvas[slots, :width])
         state.step[slots] += 1
+        done = self.block_done(slots, plan)
+        state.block[slots] += done.long()
+        state.block_step[slots] = torch.where(done, 0, state.block_step[slots] + 1)
+
+    def commit_count(self, slots: torch.Tensor, plan: StepPlan, ordered_keys: torch.Tensor) -> torch.Tensor:
+        """How many candidates each request commits, given its ranking keys sorted
+        descending (non-candidates last, at -inf): the plan's count, unless a rule
+        decides from the confidences."""
+        return plan.count
+
+    def block_done(self, slots: torch.Tensor, plan: StepPlan) -> torch.Tensor:
+        """Whether each request's active block ended with this step (after the
+        commit): under the fixed schedule, after its steps per block."""
+        state = self.state
+        return state.block_step[slots] + 1 >= state.steps_per_block[slots]
 
 
 _RULES: dict[str, type[BatchedRule]] = {}

@@ -41,6 +41,7 @@ class BatchLayout:
 class StepOutput:
     new_tokens: list[list[int]]  # per scheduled request, in order
     logits_rows: int  # LM-head rows this step computed
+    progress: list[tuple[int, int]]  # per scheduled request: (block, step in block) of its next step
 
 
 class StepEngine:
@@ -89,11 +90,11 @@ class StepEngine:
         self.host = PhaseParams(
             prompt_len=np.zeros(capacity, dtype=np.int64),
             gen_length=np.zeros(capacity, dtype=np.int64),
-            step=np.zeros(capacity, dtype=np.int64),
+            block=np.zeros(capacity, dtype=np.int64),
+            block_step=np.zeros(capacity, dtype=np.int64),
             has_cache=np.zeros(capacity, dtype=bool),
             policy=np.zeros(capacity, dtype=np.int64),
             block_length=np.ones(capacity, dtype=np.int64),
-            steps_per_block=np.ones(capacity, dtype=np.int64),
             delay_step=np.zeros(capacity, dtype=np.int64),
             refresh_interval=np.zeros(capacity, dtype=np.int64),
         )
@@ -138,13 +139,13 @@ class StepEngine:
         h = self.host
         h.prompt_len[slot] = len(prompt)
         h.gen_length[slot] = options.gen_length
-        h.step[slot] = 0
+        h.block[slot] = 0
+        h.block_step[slot] = 0
         h.has_cache[slot] = False
         self.copies[slot] = sequence_copies(options)
         if isinstance(options, LLaDAOptions):
             h.policy[slot] = CACHE_POLICIES.index(options.cache)
             h.block_length[slot] = options.block_length
-            h.steps_per_block[slot] = options.steps_per_block
             h.delay_step[slot] = options.delay_step
             h.refresh_interval[slot] = options.refresh_interval
         else:
@@ -254,19 +255,22 @@ class StepEngine:
         )
 
         h = self.host
-        h.step[slots_host] += 1
         h.has_cache[slots_host] |= batch.refresh
-        final = self.decode.num_final(slots, width)
+        decode = self.decode
+        final = decode.num_final(slots, width)
         report = torch.cat(
-            [final[:, None], done.plan.candidates.sum(dim=1)[:, None], self.decode.canvas[slots, :width]], dim=1
-        ).to("cpu").tolist()  # the step's second sync: everything the host needs, in one copy
+            [final[:, None], done.plan.candidates.sum(dim=1)[:, None], decode.block[slots, None],
+             decode.block_step[slots, None], decode.canvas[slots, :width]], dim=1,
+        ).to("cpu")  # the step's second sync: everything the host needs, in one copy
+        progress = report[:, 2:4].numpy()
+        h.block[slots_host], h.block_step[slots_host] = progress[:, 0], progress[:, 1]
         new_tokens, logits_rows = [], 0
-        for req_id, row, copies in zip(req_ids, report, self.copies[slots_host].tolist()):
+        for req_id, row, copies in zip(req_ids, report.tolist(), self.copies[slots_host].tolist()):
             start, end = self.emitted[req_id], row[0]
-            new_tokens.append(row[2 + start : 2 + end])
+            new_tokens.append(row[4 + start : 4 + end])
             self.emitted[req_id] = end
             logits_rows += row[1] * copies
-        return StepOutput(new_tokens=new_tokens, logits_rows=logits_rows)
+        return StepOutput(new_tokens=new_tokens, logits_rows=logits_rows, progress=[tuple(p) for p in progress.tolist()])
 
     def _forward(self, batch: BatchLayout, inputs) -> torch.Tensor:
         key = None

@@ -22,11 +22,11 @@ class PhaseParams:
 
     prompt_len: np.ndarray
     gen_length: np.ndarray
-    step: np.ndarray
+    block: np.ndarray  # the active block
+    block_step: np.ndarray  # steps run in it
     has_cache: np.ndarray
     policy: np.ndarray  # POLICY_*
     block_length: np.ndarray
-    steps_per_block: np.ndarray
     delay_step: np.ndarray
     refresh_interval: np.ndarray
 
@@ -44,11 +44,11 @@ class BatchPhases:
 
 def batch_phases(p: PhaseParams) -> BatchPhases:
     seq_len = p.prompt_len + p.gen_length
-    k = p.step % p.steps_per_block
+    k = p.block_step
     interval = p.refresh_interval
     periodic = (interval > 0) & ((k - p.delay_step) % np.maximum(interval, 1) == 0)
     refresh = (p.policy == POLICY_NONE) | ~p.has_cache | (k <= p.delay_step) | periodic
-    block_start = p.prompt_len + (p.step // p.steps_per_block) * p.block_length
+    block_start = p.prompt_len + p.block * p.block_length
     reuse_end = np.where(p.policy == POLICY_PREFIX, seq_len, block_start + p.block_length)
     query_start = np.where(refresh, 0, block_start)
     query_end = np.where(refresh, seq_len, reuse_end)

@@ -21,7 +21,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from vllm_dllm.metrics import StepStats
 from vllm_dllm.options import DecodeOptions, OptionError, resolve, sequence_copies
-from vllm_dllm.phases import step_phase
+from vllm_dllm.phases import block_phase
 from vllm_dllm.scheduler.accounting import ComputedTokensAccounting
 from vllm_dllm.scheduler.plan import Candidate, Holder, choose_preemptions, plan_step
 from vllm_dllm.server_config import server_defaults
@@ -36,7 +36,8 @@ class RequestTrack:
     options: DecodeOptions
     prompt_len: int
     blocks: int  # KV blocks for the whole sequence (twice with CFG)
-    step: int = 0  # denoising steps run
+    block: int = 0  # the active canvas block (the runner reports it after each step)
+    block_step: int = 0  # steps run in it
     has_cache: bool = False  # its blocks hold a Refresh's K/V
 
     @property
@@ -44,20 +45,40 @@ class RequestTrack:
         return self.options.gen_length
 
     @property
+    def steps_per_block(self) -> int:
+        return getattr(self.options, "steps_per_block", self.options.steps)
+
+    @property
+    def num_blocks(self) -> int:
+        return getattr(self.options, "num_blocks", 1)
+
+    @property
     def tokens(self) -> int:
         """Query tokens of its next step."""
-        phase = step_phase(self.options, self.step, self.prompt_len, self.has_cache)
+        phase = block_phase(self.options, self.block, self.block_step, self.prompt_len, self.has_cache)
         return phase.num_queries * sequence_copies(self.options)
 
     def profile(self) -> tuple[int, ...]:
-        """Query tokens of every remaining step, were it to run each step to the end."""
+        """Query tokens of every remaining step, were every block to take the fixed
+        schedule's steps (an upper bound on the number of steps under every rule)."""
         copies = sequence_copies(self.options)
         costs, has_cache = [], self.has_cache
-        for step in range(self.step, self.options.steps):
-            phase = step_phase(self.options, step, self.prompt_len, has_cache)
-            costs.append(phase.num_queries * copies)
-            has_cache = has_cache or phase.refresh
+        for block in range(self.block, self.num_blocks):
+            for block_step in range(self.block_step if block == self.block else 0, self.steps_per_block):
+                phase = block_phase(self.options, block, block_step, self.prompt_len, has_cache)
+                costs.append(phase.num_queries * copies)
+                has_cache = has_cache or phase.refresh
         return tuple(costs)
+
+    def advance(self, reported: tuple[int, int] | None) -> None:
+        """After a step: the runner's report of (block, step in block), or the fixed
+        schedule's next step when there is none."""
+        if reported is not None:
+            self.block, self.block_step = reported
+        elif self.block_step + 1 >= self.steps_per_block:
+            self.block, self.block_step = self.block + 1, 0
+        else:
+            self.block_step += 1
 
 
 class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
@@ -271,17 +292,19 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             logits_rows=getattr(model_runner_output, "logits_rows", 0),
             delayed_steps=self._delayed,
         )
+        progress = getattr(model_runner_output, "progress", None) or None
         for req_id in scheduled:
             track = self._costs.get(req_id)
             if track is None:
                 continue
-            phase = step_phase(track.options, track.step, track.prompt_len, track.has_cache)
+            phase = block_phase(track.options, track.block, track.block_step, track.prompt_len, track.has_cache)
             stats.canvas_positions += track.canvas
             if phase.refresh:
                 stats.refresh_steps += 1
             else:
                 stats.reuse_steps += 1
-            track.step += 1
+            index = model_runner_output.req_id_to_index.get(req_id)
+            track.advance(progress[index] if progress is not None and index is not None else None)
             track.has_cache = track.has_cache or phase.refresh
         return stats
 

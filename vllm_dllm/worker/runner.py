@@ -9,7 +9,7 @@ ModelRunnerOutput.  The step itself lives in vllm_dllm/engine/.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from vllm.config import VllmConfig
@@ -39,9 +39,12 @@ def unseeded_seed(req_id: str, engine_seed: int | None) -> int:
 
 @dataclass
 class DiffusionRunnerOutput(ModelRunnerOutput):
-    """vLLM's runner output plus what the step cost, for the scheduler's metrics."""
+    """vLLM's runner output plus what the step cost (for the scheduler's metrics) and
+    each request's progress, (block, step in block) of its next step (for its
+    pricing: a parallel decoding rule ends a block when it has no masks left)."""
 
     logits_rows: int = 0
+    progress: list[tuple[int, int]] = field(default_factory=list)
 
 
 class DiffusionModelRunner:
@@ -166,6 +169,7 @@ class DiffusionModelRunner:
             req_id_to_index={req_id: i for i, req_id in enumerate(order)},
             sampled_token_ids=result.new_tokens,
             logits_rows=result.logits_rows,
+            progress=result.progress,
         )
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:

@@ -1,0 +1,231 @@
+"""Parallel decoding rules (decoding/parallel.py): commit counts against plain-Python
+implementations of their published definitions, designed confidences where the
+rules differ, and whole generations through the batched LLaDA rule against a
+straightforward per-request loop, with blocks that end when they have no masks."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+
+from tests.decoding_harness import MASK, TableModel, admit, llada_opts, logits_table, run_step
+from vllm_dllm.decoding import parallel
+
+
+def reference_count(rule: str, values: list[float], floor: int, *, threshold=0.9, factor=1.0, gamma=1.0, cap=0) -> int:
+    """From the definitions, one request: `values` are its candidates' confidences
+    (entropies for entropy_bound)."""
+    if rule == "fixed":
+        return floor
+    if rule == "threshold":
+        n = sum(v >= threshold for v in values)
+    elif rule == "factor":
+        c = sorted(values, reverse=True)
+        n = 0
+        while n < len(c) and all(c[i - 1] >= 1 - factor / (i + 1) for i in range(1, n + 2)):
+            n += 1
+    else:
+        e = sorted(values)
+        n = 0
+        while n < len(e) and sum(e[: n + 1]) <= gamma:
+            n += 1
+    n = max(n, 1)
+    if cap > 0:
+        n = min(n, cap)
+    return min(max(n, floor), len(values))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_commit_counts_match_the_definitions(seed):
+    rng = random.Random(seed)
+    width, rows = 12, 40
+    cases = []
+    for _ in range(rows):
+        rule = rng.choice(parallel.DECODING_RULES)
+        n = rng.randint(1, width)
+        if rule == "entropy_bound":
+            values = [rng.uniform(0, 1.5) for _ in range(n)]
+        else:
+            values = [rng.choice([rng.random(), 1 - rng.random() ** 4]) for _ in range(n)]
+        cases.append(dict(rule=rule, values=values, floor=rng.randint(0, 3), threshold=rng.uniform(0.3, 0.99),
+                          factor=rng.uniform(0.1, 2.0), gamma=rng.uniform(0.05, 3.0), cap=rng.choice([0, 1, 2, 5])))
+    ordered = torch.full((rows, width), float("-inf"), dtype=torch.float64)
+    for r, c in enumerate(cases):
+        keys = [-v for v in c["values"]] if c["rule"] == "entropy_bound" else c["values"]
+        ordered[r, : len(keys)] = torch.tensor(sorted(keys, reverse=True), dtype=torch.float64)
+    t = lambda key, dtype=torch.float32: torch.tensor([c[key] for c in cases], dtype=dtype)  # noqa: E731
+    got = parallel.commit_counts(
+        ordered,
+        torch.tensor([parallel.DECODING_RULES.index(c["rule"]) for c in cases]),
+        t("floor", torch.long),
+        torch.tensor([len(c["values"]) for c in cases]),
+        threshold=t("threshold"), factor=t("factor"), gamma=t("gamma"), max_tokens_per_step=t("cap", torch.long),
+    )
+    expected = [
+        reference_count(c["rule"], c["values"], c["floor"], threshold=float(torch.tensor(c["threshold"], dtype=torch.float32)),
+                        factor=float(torch.tensor(c["factor"], dtype=torch.float32)),
+                        gamma=float(torch.tensor(c["gamma"], dtype=torch.float32)), cap=c["cap"])
+        for c in cases
+    ]
+    assert got.tolist() == expected
+
+
+def test_rules_differ_on_designed_confidences():
+    """Confidences 0.95, 0.80, 0.78, 0.10: the threshold 0.9 commits one; the factor
+    rule (f = 1: bounds 0.5, 0.67, 0.75, 0.8) three; a floor of two lifts the first."""
+    ordered = torch.tensor([[0.95, 0.80, 0.78, 0.10]] * 3, dtype=torch.float64)
+    one = torch.ones(3)
+    counts = parallel.commit_counts(
+        ordered, torch.tensor([parallel.THRESHOLD, parallel.FACTOR, parallel.THRESHOLD]), torch.tensor([1, 1, 2]),
+        torch.tensor([4, 4, 4]), threshold=0.9 * one, factor=one, gamma=one, max_tokens_per_step=torch.zeros(3, dtype=torch.long),
+    )
+    assert counts.tolist() == [1, 3, 2]
+    # Entropies 0.1, 0.3, 0.5, 0.9 (keys are their negations): gamma 0.5 admits two.
+    entropies = -torch.tensor([[0.1, 0.3, 0.5, 0.9]], dtype=torch.float64)
+    count = parallel.commit_counts(
+        entropies, torch.tensor([parallel.ENTROPY_BOUND]), torch.tensor([1]), torch.tensor([4]),
+        threshold=torch.ones(1), factor=torch.ones(1), gamma=0.5 * torch.ones(1), max_tokens_per_step=torch.zeros(1, dtype=torch.long),
+    )
+    assert count.tolist() == [2]
+
+
+def parallel_opts(decoding, gen=16, block=8, steps=None, **params):
+    return dataclasses.replace(llada_opts(gen=gen, steps=steps, block=block), decoding=decoding, **params)
+
+
+def reference_generation(table: torch.Tensor, opts) -> tuple[list[int], int]:
+    """A straightforward loop from the definitions (Fast-dLLM's threshold loop and its
+    siblings) for one request whose logits depend only on the position: per block,
+    while it has masks, score its masked positions and commit the rule's count."""
+    canvas = [MASK] * opts.gen_length
+    probs = torch.softmax(table, dim=-1)
+    tokens = probs.argmax(dim=-1).tolist()
+    confidence = probs.max(dim=-1).values.tolist()
+    entropy = parallel.entropy(probs).tolist()
+    steps = 0
+    spb = opts.steps_per_block
+    for block in range(opts.num_blocks):
+        positions = range(block * opts.block_length, (block + 1) * opts.block_length)
+        masked_at_start = sum(canvas[p] == MASK for p in positions)
+        for k in range(spb):
+            masked = [p for p in positions if canvas[p] == MASK]
+            if not masked:
+                break
+            floor = masked_at_start // spb + (k < masked_at_start % spb)
+            if opts.decoding == "entropy_bound":
+                ranked = sorted(masked, key=lambda p: (entropy[p], p))
+                values = [entropy[p] for p in masked]
+            else:
+                ranked = sorted(masked, key=lambda p: (-confidence[p], p))
+                values = [confidence[p] for p in masked]
+            n = reference_count(opts.decoding, values, min(floor, len(masked)), threshold=opts.threshold,
+                                factor=opts.factor, gamma=opts.gamma, cap=opts.max_tokens_per_step)
+            for p in ranked[:n]:
+                canvas[p] = tokens[p]
+            steps += 1
+    return canvas, steps
+
+
+@pytest.mark.parametrize("decoding,params", [
+    ("threshold", dict(threshold=0.5)),
+    ("threshold", dict(threshold=0.2, max_tokens_per_step=2)),
+    ("factor", dict(factor=1.0)),
+    ("entropy_bound", dict(gamma=1.5)),
+    ("fixed", {}),
+])
+def test_generations_match_a_straightforward_loop(decoding, params):
+    """Three requests of different rules and block shapes batched together, run until
+    each one's last block ends; every canvas and step count equals the loop's."""
+    options = [parallel_opts(decoding, **params), parallel_opts(decoding, gen=24, block=8, **params),
+               parallel_opts("threshold", gen=16, block=16, threshold=0.3)]
+    tables = {i: logits_table(o.gen_length, seed=10 + i, scale=4.0) for i, o in enumerate(options)}
+    batch = admit([(o, i) for i, o in enumerate(options)])
+    model = TableModel(tables)
+    steps = {i: 0 for i in range(len(options))}
+    while len(live := batch.unfinished()):
+        run_step(batch, live, model)
+        for slot in live.tolist():
+            steps[slot] += 1
+    for i, o in enumerate(options):
+        canvas, expected_steps = reference_generation(tables[i], o)
+        assert batch.canvas(i) == canvas
+        assert steps[i] == expected_steps
+        assert int(batch.state.num_final(torch.tensor([i]), o.gen_length)[0]) == o.gen_length
+    if decoding != "fixed":
+        assert steps[0] < options[0].steps  # blocks ended early: fewer steps than the schedule
+
+
+def test_a_block_ends_when_it_has_no_masks_and_the_next_one_starts():
+    opts = parallel_opts("threshold", gen=16, block=8, threshold=0.0)  # everything is confident enough
+    batch = admit([(opts, 0)])
+    model = TableModel({0: logits_table(16, seed=3)})
+    record = run_step(batch, batch.slots, model)
+    assert record.newly() == list(range(8))  # the whole first block in one step
+    assert (int(batch.state.block[0]), int(batch.state.block_step[0])) == (1, 0)
+    run_step(batch, batch.slots, model)
+    assert int(batch.state.block[0]) == 2 and len(batch.unfinished()) == 0  # 16 tokens in 2 steps
+    assert MASK not in batch.canvas(0)
+
+
+# ---- options ---------------------------------------------------------------
+
+from tests.test_options import dream, llada, res  # noqa: E402
+from vllm_dllm.options import OptionError  # noqa: E402
+
+
+def test_decoding_options_resolve_per_request_and_as_server_defaults():
+    options = res(llada(), {"decoding": "threshold", "threshold": 0.7, "max_tokens_per_step": 4})
+    assert (options.decoding, options.threshold, options.max_tokens_per_step) == ("threshold", 0.7, 4)
+    assert res(llada()).decoding == "fixed"  # the default stays the exact schedule
+    server = llada(server={"decoding": "entropy_bound", "gamma": 0.5})
+    assert (res(server).decoding, res(server).gamma) == ("entropy_bound", 0.5)
+    # A request may choose another rule than the server's; the server's parameter is not blamed.
+    assert res(server, {"decoding": "factor", "factor": 2}).factor == 2.0
+
+
+@pytest.mark.parametrize("extra,message", [
+    ({"decoding": "greedy"},
+     "unknown decoding rule 'greedy': diffusion option 'decoding' must be fixed, threshold, factor or entropy_bound"),
+    ({"decoding": "threshold", "threshold": 1.5}, "diffusion option 'threshold' must lie in (0, 1], got 1.5"),
+    ({"decoding": "factor", "factor": 0}, "diffusion option 'factor' must be > 0, got 0"),
+    ({"decoding": "factor", "threshold": 0.8},
+     "diffusion option 'threshold' only applies with decoding 'threshold', but 'decoding' is 'factor'"),
+    ({"max_tokens_per_step": 2},
+     "diffusion option 'max_tokens_per_step' only applies with a parallel decoding rule "
+     "(threshold, factor or entropy_bound), but 'decoding' is 'fixed'"),
+    ({"decoding": "threshold", "remasking": "random"},
+     "decoding 'threshold' ranks positions by the model's confidence; it cannot be combined with remasking 'random'"),
+])
+def test_bad_decoding_options_are_refused_with_one_clear_sentence(extra, message):
+    with pytest.raises(OptionError) as info:
+        res(llada(), extra, max_tokens=16)
+    assert str(info.value) == message
+
+
+def test_dream_refuses_parallel_decoding_for_now():
+    with pytest.raises(OptionError, match="'decoding' is a LLaDA option"):
+        res(dream(), {"decoding": "threshold"}, max_tokens=16)
+
+
+# ---- scheduler pricing under data-dependent progress -----------------------
+
+
+def test_scheduler_prices_the_reported_progress_and_bounds_the_rest_by_the_schedule():
+    from vllm_dllm.scheduler.scheduler import RequestTrack
+
+    options = res(llada(), {"decoding": "threshold", "block_length": 8, "cache": "dual"}, max_tokens=32)
+    track = RequestTrack(options, prompt_len=10, blocks=1)
+    assert track.tokens == 42  # no cache yet: a Refresh of prompt + canvas
+    assert len(track.profile()) == options.steps  # the fixed schedule: 4 blocks x 8 steps
+    track.advance((0, 1))
+    track.has_cache = True
+    assert track.tokens == 8  # a Reuse of the first block
+    track.advance((1, 0))  # the block had no masks left after two steps
+    assert track.tokens == 42  # the next block starts with a Refresh
+    profile = track.profile()
+    assert len(profile) == 3 * 8 and profile[0] == 42 and profile[1] == 8
+    track.advance(None)  # no report (an engine without one): the fixed schedule's next step
+    assert (track.block, track.block_step) == (1, 1)
