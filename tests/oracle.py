@@ -518,6 +518,7 @@ def llada_generate(
     threshold: float = 0.9,
     factor: float = 1.0,
     gamma: float = 1.0,
+    low_threshold: float = 0.3,
     max_tokens_per_step: int = 0,
 ) -> OracleResult:
     """LLaDA `generate` (MODEL_SPEC section 3) with an optional KV-cache policy and
@@ -642,10 +643,29 @@ def llada_generate(
                     for p in masked:
                         confidence[0, p] = -entropy[p]
                     values = [entropy[p] for p in masked]
+                elif decoding == "hierarchy":
+                    # dInfer: runs of consecutive masked positions; a run's best above
+                    # low_threshold, anything above threshold; ranked first.
+                    conf = {p: float(confidence[0, p]) for p in masked}
+                    runs = []
+                    for p in masked:
+                        if runs and p == runs[-1][-1] + 1:
+                            runs[-1].append(p)
+                        else:
+                            runs.append([p])
+                    chosen = {p for p in masked if conf[p] > threshold}
+                    for run in runs:
+                        best = max(conf[p] for p in run)
+                        chosen |= {p for p in run if conf[p] == best and best > low_threshold}
+                    confidence = confidence.double()
+                    for p in chosen:
+                        confidence[0, p] += 4.0
+                    values = [1.0] * len(chosen) + [0.0] * (len(masked) - len(chosen))
                 else:
                     values = [float(confidence[0, p]) for p in masked]
-                k = parallel_count(decoding, values, min(k, len(masked)), threshold=threshold, factor=factor,
-                                   gamma=gamma, max_tokens_per_step=max_tokens_per_step)
+                k = parallel_count("threshold" if decoding == "hierarchy" else decoding, values,
+                                   min(k, len(masked)), threshold=1.0 if decoding == "hierarchy" else threshold,
+                                   factor=factor, gamma=gamma, max_tokens_per_step=max_tokens_per_step)
             if k > 0:
                 _, select = torch.topk(confidence[0], k)
                 ties += int(_cut_is_tied(confidence[0], k))
@@ -737,15 +757,27 @@ def dream_generate(
     top_k: int | None = None,
     mask_id: int,
     seed: int = 0,
+    decoding: str = "fixed",
+    threshold: float = 0.9,
+    factor: float = 1.0,
+    gamma: float = 1.0,
+    max_tokens_per_step: int = 0,
 ) -> OracleResult:
+    """Dream `diffusion_generate`; decoding != "fixed" commits a parallel rule's count
+    of the masked positions (`parallel_count`, at least the schedule's count) and
+    stops as soon as the canvas has no masks left."""
     prompt_len = len(prompt_ids)
     assert mask_id not in prompt_ids
     x = torch.tensor([list(prompt_ids) + [mask_id] * max_new_tokens], dtype=torch.long)
     timesteps = torch.linspace(1, eps, steps + 1)
     ties = 0
 
+    steps_run = 0
     for i in range(steps):
         mask_index = x == mask_id
+        if decoding != "fixed" and not bool(mask_index.any()):
+            break
+        steps_run += 1
         logits = model.forward(x)
         logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)  # position j predicted by row j-1
         mask_logits = logits[mask_index]  # [M, V], rows in canvas order
@@ -778,7 +810,7 @@ def dream_generate(
         confidence, x0, tied = dream_sample_tokens(
             mask_logits, temperature, top_p, top_k,
             margin_confidence=alg == "topk_margin",
-            neg_entropy=alg == "entropy",
+            neg_entropy=alg == "entropy" or decoding == "entropy_bound",
             draws=sample_draws(canvas_pos) if temperature > 0 else None,
         )
         num_mask_token = mask_index.sum() / mask_index.shape[0]  # float32 tensor
@@ -786,6 +818,10 @@ def dream_generate(
             n = int(num_mask_token * (1 - s / t))
         else:
             n = int(num_mask_token)
+        if decoding != "fixed":
+            values = [-float(c) if decoding == "entropy_bound" else float(c) for c in confidence]
+            n = parallel_count(decoding, values, min(n, len(values)), threshold=threshold, factor=factor,
+                               gamma=gamma, max_tokens_per_step=max_tokens_per_step)
 
         # Confidence over the canvas only: -inf where the canvas is already decided.
         full_conf = torch.full((max_new_tokens,), -math.inf, dtype=logits.dtype)
@@ -807,4 +843,4 @@ def dream_generate(
             ties += int(tied_at[select].sum())
             x[0, prompt_len + select] = proposal[select]
 
-    return OracleResult(tokens=x[0, prompt_len:].tolist(), ties=ties, steps_run=steps)
+    return OracleResult(tokens=x[0, prompt_len:].tolist(), ties=ties, steps_run=steps_run)

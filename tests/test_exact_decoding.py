@@ -58,9 +58,11 @@ LLADA_CASES = [
     Case("factor, dual cache", 5, 32, {"block_length": 8, "steps": 32, "decoding": "factor", "factor": 1.9, "cache": "dual"}),
     Case("entropy bound over a two-per-step floor, prefix cache", 8, 32,
          {"block_length": 16, "steps": 16, "decoding": "entropy_bound", "gamma": 8.0, "cache": "prefix"}),
+    Case("hierarchy (dInfer), dual cache", 9, 32, {"block_length": 16, "steps": 32, "decoding": "hierarchy",
+                                                   "threshold": 0.4, "low_threshold": 0.3, "cache": "dual"}),
 ]
 
-PARALLEL_KEYS = ("cache", "decoding", "threshold", "factor", "gamma", "max_tokens_per_step")
+PARALLEL_KEYS = ("cache", "decoding", "threshold", "factor", "gamma", "low_threshold", "max_tokens_per_step")
 
 DREAM_CASES = [
     Case("origin", 5, 24, {"steps": 24}, seed=1),
@@ -71,6 +73,12 @@ DREAM_CASES = [
     Case("maskgit_plus sampled with top_k", 4, 16, {"alg": "maskgit_plus", "steps": 16}, temperature=1.0, seed=9, top_k=20),
     Case("alg_temp selection", 9, 16, {"alg": "maskgit_plus", "steps": 16, "alg_temp": 0.5}, seed=2),
     Case("origin sampled", 12, 16, {"steps": 16}, temperature=0.9, seed=6),
+    # Parallel decoding (the tiny model: threshold 0.5 takes ~20 of 24 steps; gamma 20
+    # lifts an 8-step schedule's floor of 3 per step to whole-canvas commits).
+    Case("threshold over maskgit_plus", 6, 24, {"alg": "maskgit_plus", "steps": 24, "decoding": "threshold",
+                                                "threshold": 0.5}),
+    Case("entropy bound over a schedule of 8 steps", 9, 24, {"alg": "topk_margin", "steps": 8,
+                                                             "decoding": "entropy_bound", "gamma": 20.0}),
 ]
 
 
@@ -107,6 +115,7 @@ def oracle_tokens(model, tokenizer_ids, arch: str, prompt: list[int], case: Case
             top_k=case.top_k if case.top_k > 0 else None,
             mask_id=tokenizer_ids["mask"],
             seed=case.seed or 0,
+            **{key: case.extra[key] for key in PARALLEL_KEYS if key in case.extra and key != "cache"},
         )
     return oracle.trim_at_eos(result.tokens, tokenizer_ids["eos"]), result.ties
 

@@ -44,7 +44,7 @@ def test_commit_counts_match_the_definitions(seed):
     width, rows = 12, 40
     cases = []
     for _ in range(rows):
-        rule = rng.choice(parallel.DECODING_RULES)
+        rule = rng.choice([r for r in parallel.DECODING_RULES if r != "hierarchy"])  # a set: tested below
         n = rng.randint(1, width)
         if rule == "entropy_bound":
             values = [rng.uniform(0, 1.5) for _ in range(n)]
@@ -96,6 +96,39 @@ def parallel_opts(decoding, gen=16, block=8, steps=None, **params):
     return dataclasses.replace(llada_opts(gen=gen, steps=steps, block=block), decoding=decoding, **params)
 
 
+def reference_hierarchy(masked: list[int], confidence: dict[int, float], threshold: float, low: float) -> set[int]:
+    """dInfer's hierarchy rule from its definition: runs of consecutive masked positions."""
+    runs, run = [], []
+    for p in masked:
+        if run and p != run[-1] + 1:
+            runs.append(run)
+            run = []
+        run.append(p)
+    if run:
+        runs.append(run)
+    selected = {p for p in masked if confidence[p] > threshold}
+    for run in runs:
+        best = max(confidence[p] for p in run)
+        selected |= {p for p in run if confidence[p] == best and best > low}
+    return selected
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_hierarchy_selection_matches_the_definition(seed):
+    g = torch.Generator().manual_seed(seed)
+    rows, width = 30, 16
+    candidates = torch.rand(rows, width, generator=g) < 0.6
+    confidence = torch.rand(rows, width, generator=g).double()
+    confidence[:, 5] = confidence[:, 4]  # equal maxima of a run: both are its best
+    high, low = torch.rand(rows, generator=g) * 0.5 + 0.5, torch.rand(rows, generator=g) * 0.5
+    got = parallel.hierarchy_selection(candidates, confidence, high, low)
+    for r in range(rows):
+        masked = candidates[r].nonzero().flatten().tolist()
+        expected = reference_hierarchy(masked, {p: float(confidence[r, p]) for p in masked},
+                                       float(high[r].double()), float(low[r].double()))
+        assert set(got[r].nonzero().flatten().tolist()) == expected
+
+
 def reference_generation(table: torch.Tensor, opts) -> tuple[list[int], int]:
     """A straightforward loop from the definitions (Fast-dLLM's threshold loop and its
     siblings) for one request whose logits depend only on the position: per block,
@@ -118,11 +151,19 @@ def reference_generation(table: torch.Tensor, opts) -> tuple[list[int], int]:
             if opts.decoding == "entropy_bound":
                 ranked = sorted(masked, key=lambda p: (entropy[p], p))
                 values = [entropy[p] for p in masked]
+            elif opts.decoding == "hierarchy":
+                chosen = reference_hierarchy(masked, dict(enumerate(confidence)), opts.threshold, opts.low_threshold)
+                ranked = sorted(masked, key=lambda p: (p not in chosen, -confidence[p], p))
+                n = max(len(chosen), 1)
+                if opts.max_tokens_per_step:
+                    n = min(n, opts.max_tokens_per_step)
+                n = min(max(n, min(floor, len(masked))), len(masked))
             else:
                 ranked = sorted(masked, key=lambda p: (-confidence[p], p))
                 values = [confidence[p] for p in masked]
-            n = reference_count(opts.decoding, values, min(floor, len(masked)), threshold=opts.threshold,
-                                factor=opts.factor, gamma=opts.gamma, cap=opts.max_tokens_per_step)
+            if opts.decoding != "hierarchy":
+                n = reference_count(opts.decoding, values, min(floor, len(masked)), threshold=opts.threshold,
+                                    factor=opts.factor, gamma=opts.gamma, cap=opts.max_tokens_per_step)
             for p in ranked[:n]:
                 canvas[p] = tokens[p]
             steps += 1
@@ -134,6 +175,8 @@ def reference_generation(table: torch.Tensor, opts) -> tuple[list[int], int]:
     ("threshold", dict(threshold=0.2, max_tokens_per_step=2)),
     ("factor", dict(factor=1.0)),
     ("entropy_bound", dict(gamma=1.5)),
+    ("hierarchy", dict(threshold=0.6, low_threshold=0.2)),
+    ("hierarchy", dict(threshold=0.9, low_threshold=0.3, max_tokens_per_step=2)),
     ("fixed", {}),
 ])
 def test_generations_match_a_straightforward_loop(decoding, params):
@@ -188,14 +231,19 @@ def test_decoding_options_resolve_per_request_and_as_server_defaults():
 
 @pytest.mark.parametrize("extra,message", [
     ({"decoding": "greedy"},
-     "unknown decoding rule 'greedy': diffusion option 'decoding' must be fixed, threshold, factor or entropy_bound"),
+     "unknown decoding rule 'greedy': diffusion option 'decoding' must be fixed, threshold, factor, entropy_bound "
+     "or hierarchy"),
     ({"decoding": "threshold", "threshold": 1.5}, "diffusion option 'threshold' must lie in (0, 1], got 1.5"),
     ({"decoding": "factor", "factor": 0}, "diffusion option 'factor' must be > 0, got 0"),
     ({"decoding": "factor", "threshold": 0.8},
-     "diffusion option 'threshold' only applies with decoding 'threshold', but 'decoding' is 'factor'"),
+     "diffusion option 'threshold' only applies with decoding 'threshold' or 'hierarchy', but 'decoding' is 'factor'"),
+    ({"decoding": "threshold", "low_threshold": 0.2},
+     "diffusion option 'low_threshold' only applies with decoding 'hierarchy', but 'decoding' is 'threshold'"),
+    ({"decoding": "hierarchy", "threshold": 0.5, "low_threshold": 0.6},
+     "diffusion option 'low_threshold'=0.6 must not exceed 'threshold'=0.5 (decoding 'hierarchy')"),
     ({"max_tokens_per_step": 2},
      "diffusion option 'max_tokens_per_step' only applies with a parallel decoding rule "
-     "(threshold, factor or entropy_bound), but 'decoding' is 'fixed'"),
+     "(threshold, factor, entropy_bound or hierarchy), but 'decoding' is 'fixed'"),
     ({"decoding": "threshold", "remasking": "random"},
      "decoding 'threshold' ranks positions by the model's confidence; it cannot be combined with remasking 'random'"),
 ])
@@ -205,9 +253,13 @@ def test_bad_decoding_options_are_refused_with_one_clear_sentence(extra, message
     assert str(info.value) == message
 
 
-def test_dream_refuses_parallel_decoding_for_now():
-    with pytest.raises(OptionError, match="'decoding' is a LLaDA option"):
-        res(dream(), {"decoding": "threshold"}, max_tokens=16)
+def test_dream_decodes_in_parallel_over_confidence_ranking_algs_only():
+    options = res(dream(), {"decoding": "threshold", "alg": "maskgit_plus", "threshold": 0.5}, max_tokens=16)
+    assert (options.decoding, options.threshold) == ("threshold", 0.5)
+    with pytest.raises(OptionError, match="cannot be combined with alg 'origin'"):
+        res(dream(), {"decoding": "threshold"}, max_tokens=16)  # origin is Dream's default alg
+    with pytest.raises(OptionError, match="cannot be combined with alg_temp"):
+        res(dream(), {"decoding": "factor", "alg": "entropy", "alg_temp": 0.5}, max_tokens=16)
 
 
 # ---- scheduler pricing under data-dependent progress -----------------------

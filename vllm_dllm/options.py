@@ -24,7 +24,7 @@ ARCHITECTURE_KINDS = {"LLaDAModelLM": LLADA, "DreamModel": DREAM}
 LLADA_REMASKING = ("low_confidence", "random")
 CACHE_POLICIES = ("none", "prefix", "dual")
 DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
-DECODING_RULES = ("fixed", "threshold", "factor", "entropy_bound")  # see decoding/parallel.py
+DECODING_RULES = ("fixed", "threshold", "factor", "entropy_bound", "hierarchy")  # see decoding/parallel.py
 
 
 class OptionError(ValueError):
@@ -49,6 +49,7 @@ class LLaDAOptions:
     threshold: float = 0.9
     factor: float = 1.0
     gamma: float = 1.0
+    low_threshold: float = 0.3
     max_tokens_per_step: int = 0  # 0: no cap
 
     @property
@@ -74,6 +75,13 @@ class DreamOptions:
     temperature: float
     top_p: float | None
     top_k: int | None
+    # Parallel decoding (decoding/parallel.py), as for LLaDA.
+    decoding: str = "fixed"
+    threshold: float = 0.9
+    factor: float = 1.0
+    gamma: float = 1.0
+    low_threshold: float = 0.3
+    max_tokens_per_step: int = 0
 
     @property
     def uses_cfg(self) -> bool:
@@ -99,6 +107,7 @@ _REQUEST_KEYS: dict[str, dict[str, tuple[type, ...]]] = {
         "threshold": (int, float),
         "factor": (int, float),
         "gamma": (int, float),
+        "low_threshold": (int, float),
         "max_tokens_per_step": (int,),
     },
     DREAM: {
@@ -111,6 +120,12 @@ _REQUEST_KEYS: dict[str, dict[str, tuple[type, ...]]] = {
         # there: extra_args is the route that survives (see resolve()).
         "top_k": (int,),
         "top_p": (int, float),
+        "decoding": (str,),
+        "threshold": (int, float),
+        "factor": (int, float),
+        "gamma": (int, float),
+        "low_threshold": (int, float),
+        "max_tokens_per_step": (int,),
     },
 }
 
@@ -150,9 +165,20 @@ PAPER_DEFAULTS: dict[str, dict[str, Any]] = {
         "threshold": 0.9,
         "factor": 1.0,
         "gamma": 1.0,
+        "low_threshold": 0.3,
         "max_tokens_per_step": 0,
     },
-    DREAM: {"eps": 1e-3, "alg": "origin", "alg_temp": None},
+    DREAM: {
+        "eps": 1e-3,
+        "alg": "origin",
+        "alg_temp": None,
+        "decoding": "fixed",
+        "threshold": 0.9,
+        "factor": 1.0,
+        "gamma": 1.0,
+        "low_threshold": 0.3,
+        "max_tokens_per_step": 0,
+    },
 }
 
 DEFAULT_MAX_NUM_LOGITS = 1024
@@ -179,6 +205,8 @@ MIN_ALG_TEMP = 1e-3
 
 
 def _one_of(choices: tuple[str, ...]) -> str:
+    if len(choices) == 1:
+        return choices[0]
     return ", ".join(choices[:-1]) + " or " + choices[-1]
 
 
@@ -200,7 +228,7 @@ def _range_problem(key: str, value: Any, prefix: str = "") -> str | None:
         return f"{prefix}unknown cache policy '{value}': diffusion option 'cache' must be {_one_of(CACHE_POLICIES)}"
     if key == "decoding" and value not in DECODING_RULES:
         return f"{prefix}unknown decoding rule '{value}': diffusion option 'decoding' must be {_one_of(DECODING_RULES)}"
-    if key == "threshold" and not 0 < value <= 1:
+    if key in ("threshold", "low_threshold") and not 0 < value <= 1:
         return f"{option} must lie in (0, 1], got {value}"
     if key in ("factor", "gamma") and value <= 0:
         return f"{option} must be > 0, got {value}"
@@ -378,8 +406,13 @@ def _check_cache_knobs(merged: dict[str, Any], given: dict[str, Any], prefix: st
             )
 
 
-# The parameter each parallel decoding rule reads (max_tokens_per_step: all of them).
-DECODING_PARAMETERS = {"threshold": "threshold", "factor": "factor", "entropy_bound": "gamma"}
+# The rules that read each parallel decoding parameter (max_tokens_per_step: all of them).
+DECODING_PARAMETERS = {
+    "threshold": ("threshold", "hierarchy"),
+    "low_threshold": ("hierarchy",),
+    "factor": ("factor",),
+    "gamma": ("entropy_bound",),
+}
 
 
 def _check_decoding(merged: dict[str, Any], given: dict[str, Any], prefix: str) -> None:
@@ -387,22 +420,36 @@ def _check_decoding(merged: dict[str, Any], given: dict[str, Any], prefix: str) 
     remasking (whose 'confidences' are uniform draws), would be silently ignored or
     meaningless.  As for the cache knobs, only values set at this level are refused."""
     rule = merged["decoding"]
-    for other, parameter in DECODING_PARAMETERS.items():
-        if parameter in given and other != rule:
+    for parameter, rules in DECODING_PARAMETERS.items():
+        if parameter in given and rule not in rules:
             raise OptionError(
-                f"{prefix}diffusion option '{parameter}' only applies with decoding '{other}', "
+                f"{prefix}diffusion option '{parameter}' only applies with decoding {_one_of(tuple(map(repr, rules)))}, "
                 f"but 'decoding' is '{rule}'"
             )
+    if rule == "hierarchy" and merged["low_threshold"] > merged["threshold"]:
+        raise OptionError(
+            f"{prefix}diffusion option 'low_threshold'={merged['low_threshold']} must not exceed "
+            f"'threshold'={merged['threshold']} (decoding 'hierarchy')"
+        )
     if "max_tokens_per_step" in given and rule == "fixed":
         raise OptionError(
             f"{prefix}diffusion option 'max_tokens_per_step' only applies with a parallel decoding rule "
             f"({_one_of(DECODING_RULES[1:])}), but 'decoding' is 'fixed'"
         )
-    if rule != "fixed" and merged["remasking"] == "random":
-        raise OptionError(
-            f"{prefix}decoding '{rule}' ranks positions by the model's confidence; it cannot be combined "
-            "with remasking 'random'"
-        )
+    if rule == "fixed":
+        return
+    # Settings whose ranking is not the model's confidence.
+    if merged.get("remasking") == "random":
+        clash = "remasking 'random'"
+    elif merged.get("alg") == "origin":
+        clash = "alg 'origin' (it unmasks random positions); use maskgit_plus, topk_margin or entropy"
+    elif merged.get("alg_temp"):
+        clash = "alg_temp (it draws positions at random)"
+    else:
+        return
+    raise OptionError(
+        f"{prefix}decoding '{rule}' ranks positions by the model's confidence; it cannot be combined with {clash}"
+    )
 
 
 def _dream_filter(key: str, request: dict, field: float, defaults: ServerDefaults) -> Any:
@@ -483,6 +530,7 @@ def resolve(
             threshold=float(merged["threshold"]),
             factor=float(merged["factor"]),
             gamma=float(merged["gamma"]),
+            low_threshold=float(merged["low_threshold"]),
             max_tokens_per_step=merged["max_tokens_per_step"],
             gen_length=gen_length,
             steps=steps,
@@ -501,6 +549,7 @@ def resolve(
             f"steps={steps} is more than {MAX_STEPS_PER_TOKEN} per generated token "
             f"(max_tokens={gen_length})"
         )
+    _check_decoding(merged, request, "")
     alg_temp = merged.get("alg_temp")
     dream_top_k = _dream_filter("top_k", request, top_k, defaults)
     dream_top_p = _dream_filter("top_p", request, top_p, defaults)
@@ -514,6 +563,12 @@ def resolve(
         # vLLM's "off" values (top_p 1, top_k 0 or -1) mean the filter is not applied.
         top_p=None if dream_top_p is None or dream_top_p >= 1 else float(dream_top_p),
         top_k=dream_top_k if dream_top_k is not None and dream_top_k > 0 else None,
+        decoding=merged["decoding"],
+        threshold=float(merged["threshold"]),
+        factor=float(merged["factor"]),
+        gamma=float(merged["gamma"]),
+        low_threshold=float(merged["low_threshold"]),
+        max_tokens_per_step=merged["max_tokens_per_step"],
     )
 
 

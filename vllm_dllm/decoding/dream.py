@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vllm_dllm.decoding import sampling
+from vllm_dllm.decoding import parallel, sampling
 from vllm_dllm.decoding.base import BatchedRule, DecodeState, StepPlan, register_rule
 from vllm_dllm.options import DREAM, DREAM_ALGS, DreamOptions
 
@@ -60,6 +60,7 @@ class DreamRule(BatchedRule):
         self.fractions = torch.zeros(cap, 1, dtype=torch.float32, device=device)
         self.filtered_host = np.zeros(cap, dtype=bool)
         self.filtered = False
+        self.parallel = parallel.ParallelParams(cap, device)
 
     def admit(self, slot: int, options: DreamOptions) -> None:
         self.alg[slot] = DREAM_ALGS.index(options.alg)
@@ -67,6 +68,7 @@ class DreamRule(BatchedRule):
         self.top_p[slot] = 1.0 if options.top_p is None else options.top_p
         self.top_k[slot] = options.top_k or 0
         self.filtered_host[slot] = options.top_p is not None or options.top_k is not None
+        self.parallel.admit(slot, options)
         if options.steps > self.fractions.shape[1]:
             grown = torch.zeros(self.state.capacity, options.steps, device=self.fractions.device)
             grown[:, : self.fractions.shape[1]] = self.fractions
@@ -76,6 +78,7 @@ class DreamRule(BatchedRule):
     def prepare(self, slots_host) -> None:
         super().prepare(slots_host)
         self.filtered = bool(self.filtered_host[np.asarray(slots_host)].any())
+        self.parallel.prepare(slots_host)
 
     def _position_draws(self, slots: torch.Tensor, width: int, stream: int, dtype: torch.dtype) -> torch.Tensor:
         """One draw per (request, canvas position): [R, width]."""
@@ -120,7 +123,16 @@ class DreamRule(BatchedRule):
         confidence = torch.where(alg == TOPK_MARGIN, top2[:, 0] - top2[:, 1], confidence)
         entropy = torch.sum(probs * torch.log(probs + 1e-10), dim=-1)
         confidence = torch.where(alg == ENTROPY, entropy, confidence)
-        return tokens, confidence
+        return tokens, self.parallel.rank_by_entropy(slots, probs, confidence)
+
+    def commit_count(self, slots, plan, ordered_keys):
+        return self.parallel.counts(slots, plan, ordered_keys)
+
+    def block_done(self, slots, plan):
+        # One block, the whole canvas: it ends with the last scheduled step, or as
+        # soon as a parallel rule has unmasked it all.
+        masked = self.state.masked(slots, plan.candidates.shape[1])
+        return super().block_done(slots, plan) | self.parallel.block_emptied(slots, plan, masked)
 
     def ranking_keys(self, slots, plan, confidence):
         # alg_temp: positions drawn without replacement with weights
@@ -129,4 +141,5 @@ class DreamRule(BatchedRule):
         u = self._position_draws(slots, plan.candidates.shape[1], sampling.SELECT, torch.float64)
         gumbel = -torch.log(-torch.log(u))
         perturbed = (confidence.float() / torch.where(alg_temp > 0, alg_temp, 1.0)[:, None]).double() + gumbel
-        return torch.where((alg_temp > 0)[:, None], perturbed, confidence.double())
+        keys = torch.where((alg_temp > 0)[:, None], perturbed, confidence.double())
+        return self.parallel.ranking_keys(slots, plan, keys)

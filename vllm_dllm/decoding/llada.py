@@ -9,7 +9,6 @@ position (base.BatchedRule.commit).
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from vllm_dllm.decoding import parallel, sampling
@@ -36,15 +35,7 @@ class LLaDARule(BatchedRule):
         self.random_remasking = zeros(torch.bool)
         self.logits_eos_inf = zeros(torch.bool)
         self.confidence_eos_eot_inf = zeros(torch.bool)
-        # Parallel decoding (decoding/parallel.py): the rule per slot and its parameters.
-        self.decoding = zeros(torch.long)
-        self.threshold = zeros(torch.float32)
-        self.factor = zeros(torch.float32)
-        self.gamma = zeros(torch.float32)
-        self.max_tokens_per_step = zeros(torch.long)
-        self.decoding_host = np.zeros(cap, dtype=np.int64)
-        self.parallel = False  # some row of this step decodes in parallel
-        self.ranks_by_entropy = False
+        self.parallel = parallel.ParallelParams(cap, device)
 
     def admit(self, slot: int, options: LLaDAOptions) -> None:
         self.block_length[slot] = options.block_length
@@ -52,19 +43,11 @@ class LLaDARule(BatchedRule):
         self.random_remasking[slot] = options.remasking == "random"
         self.logits_eos_inf[slot] = options.logits_eos_inf
         self.confidence_eos_eot_inf[slot] = options.confidence_eos_eot_inf
-        rule = parallel.DECODING_RULES.index(options.decoding)
-        self.decoding[slot] = rule
-        self.decoding_host[slot] = rule
-        self.threshold[slot] = options.threshold
-        self.factor[slot] = options.factor
-        self.gamma[slot] = options.gamma
-        self.max_tokens_per_step[slot] = options.max_tokens_per_step
+        self.parallel.admit(slot, options)
 
     def prepare(self, slots_host) -> None:
         super().prepare(slots_host)
-        rules = self.decoding_host[np.asarray(slots_host)]
-        self.parallel = bool((rules != parallel.FIXED).any())
-        self.ranks_by_entropy = bool((rules == parallel.ENTROPY_BOUND).any())
+        self.parallel.prepare(slots_host)
 
     def plan(self, slots: torch.Tensor, width: int) -> StepPlan:
         spb, length = self.state.steps_per_block[slots], self.block_length[slots]
@@ -102,28 +85,14 @@ class LLaDARule(BatchedRule):
         confidence = probs.gather(1, tokens[:, None]).squeeze(1)
         drawn = sampling.uniform(seeds, steps, positions, sampling.REMASK, torch.float32)
         confidence = torch.where(self.random_remasking[slots], drawn, confidence)
-        if self.ranks_by_entropy:
-            by_entropy = self.decoding[slots] == parallel.ENTROPY_BOUND
-            confidence = torch.where(by_entropy, -parallel.entropy(probs), confidence)
-        return tokens, confidence
+        return tokens, self.parallel.rank_by_entropy(slots, probs, confidence)
+
+    def ranking_keys(self, slots, plan, confidence):
+        return self.parallel.ranking_keys(slots, plan, confidence)
 
     def commit_count(self, slots, plan, ordered_keys):
-        if not self.parallel:
-            return plan.count
-        return parallel.commit_counts(
-            ordered_keys,
-            self.decoding[slots],
-            plan.count,
-            plan.candidates.sum(dim=1),
-            threshold=self.threshold[slots],
-            factor=self.factor[slots],
-            gamma=self.gamma[slots],
-            max_tokens_per_step=self.max_tokens_per_step[slots],
-        )
+        return self.parallel.counts(slots, plan, ordered_keys)
 
     def block_done(self, slots, plan):
-        done = super().block_done(slots, plan)
-        if not self.parallel:
-            return done
-        left = (plan.candidates & self.state.masked(slots, plan.candidates.shape[1])).any(dim=1)
-        return done | ((self.decoding[slots] != parallel.FIXED) & ~left)
+        masked = self.state.masked(slots, plan.candidates.shape[1])
+        return super().block_done(slots, plan) | self.parallel.block_emptied(slots, plan, masked)

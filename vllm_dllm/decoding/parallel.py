@@ -18,6 +18,15 @@ definitions:
                  ascending entropy of their predictive distribution and commit while
                  the running sum of entropies stays <= `gamma` (at least one).  The
                  ranking key of a candidate is then its negated entropy.
+  hierarchy      dInfer's HierarchyDecoder (Ma et al. 2025, "dInfer: An Efficient
+                 Inference Framework for Diffusion Language Models";
+                 inclusionAI/dInfer python/dinfer/decoding/parallel_strategy.py at
+                 fce4e328): the candidates split into maximal runs of consecutive
+                 masked positions; each run commits its most confident position if
+                 that confidence is > `low_threshold`, every position > `threshold`
+                 commits, and the most confident position always does.  Runs shrink
+                 and split as positions commit, which is the recursion.  A set, not a
+                 count: its members are ranked first (`hierarchy_keys`) and counted.
 
 How they meet the fixed schedule (decoding/llada.py): a step commits at least the
 count the fixed schedule would (one per step when steps equal the canvas length, so
@@ -29,11 +38,16 @@ as it has no masks left.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from vllm_dllm.options import DECODING_RULES
 
-FIXED, THRESHOLD, FACTOR, ENTROPY_BOUND = (DECODING_RULES.index(name) for name in DECODING_RULES)
+FIXED, THRESHOLD, FACTOR, ENTROPY_BOUND, HIERARCHY = (DECODING_RULES.index(name) for name in DECODING_RULES)
+
+# Added to the ranking key of a position a set-based rule selects: above every
+# confidence (a probability or a margin, <= 1), so the selected rank first.
+SELECTED = 4.0
 
 
 def _leading(condition: torch.Tensor) -> torch.Tensor:
@@ -55,6 +69,25 @@ def by_entropy_bound(ordered: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor
     return _leading((-ordered).cumsum(dim=1) <= gamma[:, None].double())
 
 
+def by_selection(ordered: torch.Tensor) -> torch.Tensor:
+    return (ordered >= SELECTED).sum(dim=1)
+
+
+def hierarchy_selection(candidates: torch.Tensor, confidence: torch.Tensor, threshold: torch.Tensor,
+                        low_threshold: torch.Tensor) -> torch.Tensor:
+    """bool [R, width]: each run's most confident position above `low_threshold`,
+    and every position above `threshold` (strictly, as dInfer compares)."""
+    rows, width = candidates.shape
+    conf = torch.where(candidates, confidence.double(), float("-inf"))
+    previous = torch.nn.functional.pad(candidates[:, :-1], (1, 0), value=False)
+    starts = candidates & ~previous
+    run = torch.cumsum(starts.long(), dim=1) + torch.arange(rows, device=conf.device)[:, None] * (width + 1)
+    run_max = torch.full((rows * (width + 1),), float("-inf"), dtype=conf.dtype, device=conf.device)
+    run_max = run_max.scatter_reduce(0, run.flatten(), conf.flatten(), reduce="amax").view(-1)[run]
+    best_of_run = candidates & (conf == run_max)
+    return (best_of_run & (conf > low_threshold[:, None].double())) | (candidates & (conf > threshold[:, None].double()))
+
+
 def commit_counts(
     ordered: torch.Tensor,
     rule: torch.Tensor,
@@ -72,7 +105,11 @@ def commit_counts(
     decided = torch.where(
         rule == THRESHOLD,
         by_threshold(ordered, threshold),
-        torch.where(rule == FACTOR, by_factor(ordered, factor), by_entropy_bound(ordered, gamma)),
+        torch.where(
+            rule == FACTOR,
+            by_factor(ordered, factor),
+            torch.where(rule == HIERARCHY, by_selection(ordered), by_entropy_bound(ordered, gamma)),
+        ),
     )
     decided = decided.clamp(min=1)
     decided = torch.where(max_tokens_per_step > 0, torch.minimum(decided, max_tokens_per_step), decided)
@@ -83,3 +120,69 @@ def commit_counts(
 def entropy(probs: torch.Tensor) -> torch.Tensor:
     """Entropy of each row of a probability matrix (0 log 0 = 0)."""
     return torch.special.entr(probs).sum(dim=-1)
+
+
+class ParallelParams:
+    """Per-slot parallel-decoding parameters of a rule, and the two decisions they
+    drive: how many candidates a request commits, and whether its block ended."""
+
+    def __init__(self, capacity: int, device: torch.device):
+        def zeros(dtype):
+            return torch.zeros(capacity, dtype=dtype, device=device)
+
+        self.rule = zeros(torch.long)
+        self.threshold = zeros(torch.float32)
+        self.factor = zeros(torch.float32)
+        self.gamma = zeros(torch.float32)
+        self.low_threshold = zeros(torch.float32)
+        self.max_tokens_per_step = zeros(torch.long)
+        self.rule_host = np.zeros(capacity, dtype=np.int64)
+        self.active = False  # some request of this step decodes in parallel
+        self.ranks_by_entropy = False  # some request of this step uses entropy_bound
+        self.selects = False  # some request of this step uses a set-based rule
+
+    def admit(self, slot: int, options) -> None:
+        code = DECODING_RULES.index(options.decoding)
+        self.rule[slot] = code
+        self.rule_host[slot] = code
+        self.threshold[slot] = options.threshold
+        self.factor[slot] = options.factor
+        self.gamma[slot] = options.gamma
+        self.low_threshold[slot] = options.low_threshold
+        self.max_tokens_per_step[slot] = options.max_tokens_per_step
+
+    def prepare(self, slots_host) -> None:
+        rules = self.rule_host[np.asarray(slots_host)]
+        self.active = bool((rules != FIXED).any())
+        self.ranks_by_entropy = bool((rules == ENTROPY_BOUND).any())
+        self.selects = bool((rules == HIERARCHY).any())
+
+    def rank_by_entropy(self, slots: torch.Tensor, probs: torch.Tensor, confidence: torch.Tensor) -> torch.Tensor:
+        """entropy_bound requests rank their candidates by negated entropy."""
+        if not self.ranks_by_entropy:
+            return confidence
+        return torch.where(self.rule[slots] == ENTROPY_BOUND, -entropy(probs).to(confidence.dtype), confidence)
+
+    def ranking_keys(self, slots: torch.Tensor, plan, keys: torch.Tensor) -> torch.Tensor:
+        """Keys of set-based rules' requests: the selected positions first."""
+        if not self.selects:
+            return keys
+        selected = hierarchy_selection(plan.candidates, keys, self.threshold[slots], self.low_threshold[slots])
+        selected &= (self.rule[slots] == HIERARCHY)[:, None]
+        return torch.where(selected, keys.double() + SELECTED, keys.double())
+
+    def counts(self, slots: torch.Tensor, plan, ordered_keys: torch.Tensor) -> torch.Tensor:
+        if not self.active:
+            return plan.count
+        return commit_counts(
+            ordered_keys, self.rule[slots], plan.count, plan.candidates.sum(dim=1),
+            threshold=self.threshold[slots], factor=self.factor[slots], gamma=self.gamma[slots],
+            max_tokens_per_step=self.max_tokens_per_step[slots],
+        )
+
+    def block_emptied(self, slots: torch.Tensor, plan, masked: torch.Tensor) -> torch.Tensor:
+        """Parallel requests whose active block (their candidates' region) has no
+        masks left after the commit: their block ends now."""
+        if not self.active:
+            return torch.zeros(len(slots), dtype=torch.bool, device=slots.device)
+        return (self.rule[slots] != FIXED) & ~(plan.candidates & masked).any(dim=1)
