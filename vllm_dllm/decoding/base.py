@@ -137,6 +137,10 @@ class BatchedRule(ABC):
     def ids(self) -> SpecialIds:
         return self.state.ids
 
+    def slot_holders(self) -> tuple:
+        """Objects whose per-slot tensors and arrays grow with the batch's slots."""
+        return (self,)
+
     @abstractmethod
     def admit(self, slot: int, options: DecodeOptions) -> None:
         """Write the request's rule parameters into its slot (DecodeState.admit first)."""

@@ -125,6 +125,9 @@ class DreamRule(BatchedRule):
         confidence = torch.where(alg == ENTROPY, entropy, confidence)
         return tokens, self.parallel.rank_by_entropy(slots, probs, confidence)
 
+    def slot_holders(self) -> tuple:
+        return (self, self.parallel)
+
     def commit_count(self, slots, plan, ordered_keys):
         return self.parallel.counts(slots, plan, ordered_keys)
 

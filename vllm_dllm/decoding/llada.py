@@ -90,6 +90,9 @@ class LLaDARule(BatchedRule):
     def ranking_keys(self, slots, plan, confidence):
         return self.parallel.ranking_keys(slots, plan, confidence)
 
+    def slot_holders(self) -> tuple:
+        return (self, self.parallel)
+
     def commit_count(self, slots, plan, ordered_keys):
         return self.parallel.counts(slots, plan, ordered_keys)
 

@@ -155,7 +155,7 @@ class StepEngine:
     def _grow(self) -> None:
         """Double the slots (preempted requests keep theirs while others run)."""
         old = self.capacity
-        for holder in (self, self.decode, self.rule, self.host):
+        for holder in (self, self.decode, *self.rule.slot_holders(), self.host):
             for name, value in vars(holder).items():
                 if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == old:
                     grown = value.new_zeros((2 * old, *value.shape[1:]))
