@@ -519,6 +519,9 @@ def llada_generate(
     factor: float = 1.0,
     gamma: float = 1.0,
     low_threshold: float = 0.3,
+    credit_alpha: float = 0.7,
+    credit_decay: float = 0.8,
+    credit_boost: float = 0.2,
     max_tokens_per_step: int = 0,
 ) -> OracleResult:
     """LLaDA `generate` (MODEL_SPEC section 3) with an optional KV-cache policy and
@@ -596,6 +599,16 @@ def llada_generate(
             query_tokens.append(n_query * n_rows)
             if logits_eos_inf:
                 logits[:, :, eos_id] = -math.inf
+            if decoding == "credit":
+                # dInfer's credit: a dense [position, vocabulary] matrix per block.
+                if i == 0:
+                    credit = torch.zeros(seq_len, logits.shape[-1])
+                for p in range(block_start, block_end):
+                    if bool(mask_index[0, p]):
+                        probs = F.softmax(logits[0, p].float(), dim=-1)
+                        credit[p] *= credit_decay
+                        credit[p, int(probs.argmax())] += float(probs.max()) ** credit_boost
+                        logits[0, p] = logits[0, p] + credit_alpha * torch.log1p(credit[p]).to(logits.dtype)
 
             # Rows whose draws can matter: still masked and inside the current block.
             rows = [p for p in range(block_start, block_end) if bool(mask_index[0, p])]
@@ -663,7 +676,8 @@ def llada_generate(
                     values = [1.0] * len(chosen) + [0.0] * (len(masked) - len(chosen))
                 else:
                     values = [float(confidence[0, p]) for p in masked]
-                k = parallel_count("threshold" if decoding == "hierarchy" else decoding, values,
+                rule = {"hierarchy": "threshold", "credit": "threshold"}.get(decoding, decoding)
+                k = parallel_count(rule, values,
                                    min(k, len(masked)), threshold=1.0 if decoding == "hierarchy" else threshold,
                                    factor=factor, gamma=gamma, max_tokens_per_step=max_tokens_per_step)
             if k > 0:

@@ -60,9 +60,12 @@ LLADA_CASES = [
          {"block_length": 16, "steps": 16, "decoding": "entropy_bound", "gamma": 8.0, "cache": "prefix"}),
     Case("hierarchy (dInfer), dual cache", 9, 32, {"block_length": 16, "steps": 32, "decoding": "hierarchy",
                                                    "threshold": 0.4, "low_threshold": 0.3, "cache": "dual"}),
+    Case("credit (dInfer), seeded at T>0", 4, 32, {"block_length": 8, "steps": 32, "decoding": "credit",
+                                                    "threshold": 0.5, "credit_alpha": 0.7}, temperature=0.5, seed=8),
 ]
 
-PARALLEL_KEYS = ("cache", "decoding", "threshold", "factor", "gamma", "low_threshold", "max_tokens_per_step")
+PARALLEL_KEYS = ("cache", "decoding", "threshold", "factor", "gamma", "low_threshold", "max_tokens_per_step",
+                 "credit_alpha", "credit_decay", "credit_boost")
 
 DREAM_CASES = [
     Case("origin", 5, 24, {"steps": 24}, seed=1),

@@ -634,14 +634,16 @@ def test_dream_server_filter_defaults_go_through_vllm():
 @pytest.mark.parametrize("defaults, extra, message", [
     (llada(), {"alg": "entropy"},
      "unknown diffusion option 'alg' for llada models ('alg' is a Dream option); LLaDA options are "
-     "block_length, cache, cfg_scale, confidence_eos_eot_inf, decoding, delay_step, factor, gamma, "
+     "block_length, cache, cfg_scale, confidence_eos_eot_inf, credit_alpha, credit_boost, credit_decay, decoding, "
+     "delay_step, factor, gamma, "
      "logits_eos_inf, low_threshold, max_tokens_per_step, refresh_interval, remasking, steps, threshold"),
     (dream(), {"block_length": 8},
      "unknown diffusion option 'block_length' for dream models ('block_length' is a LLaDA option); "
      "Dream options are alg, alg_temp, decoding, eps, factor, gamma, low_threshold, max_tokens_per_step, steps, "
      "threshold, top_k, top_p"),
     (llada(), {"stepz": 8}, "unknown diffusion option 'stepz' for llada models; LLaDA options are "
-     "block_length, cache, cfg_scale, confidence_eos_eot_inf, decoding, delay_step, factor, gamma, "
+     "block_length, cache, cfg_scale, confidence_eos_eot_inf, credit_alpha, credit_boost, credit_decay, decoding, "
+     "delay_step, factor, gamma, "
      "logits_eos_inf, low_threshold, max_tokens_per_step, refresh_interval, remasking, steps, threshold"),
     (llada(), {"remasking": "bogus"},
      "unknown remasking 'bogus': diffusion option 'remasking' must be low_confidence or random"),
@@ -666,7 +668,8 @@ def test_request_messages_are_one_clear_sentence(defaults, extra, message):
 
 @pytest.mark.parametrize("server, message", [
     ({"stepz": 8}, "--additional-config dllm: unknown diffusion option 'stepz' for llada models; LLaDA options are "
-     "block_length, cache, cfg_scale, confidence_eos_eot_inf, decoding, delay_step, factor, gamma, "
+     "block_length, cache, cfg_scale, confidence_eos_eot_inf, credit_alpha, credit_boost, credit_decay, decoding, "
+     "delay_step, factor, gamma, "
      "logits_eos_inf, low_threshold, max_tokens_per_step, refresh_interval, remasking, steps, threshold"),
     ({"remasking": "zzz"},
      "--additional-config dllm: unknown remasking 'zzz': diffusion option 'remasking' must be low_confidence or random"),

@@ -44,7 +44,8 @@ def test_commit_counts_match_the_definitions(seed):
     width, rows = 12, 40
     cases = []
     for _ in range(rows):
-        rule = rng.choice([r for r in parallel.DECODING_RULES if r != "hierarchy"])  # a set: tested below
+        # hierarchy is a set (tested below); credit is the threshold rule on fused logits.
+        rule = rng.choice([r for r in parallel.DECODING_RULES if r not in ("hierarchy", "credit")])
         n = rng.randint(1, width)
         if rule == "entropy_bound":
             values = [rng.uniform(0, 1.5) for _ in range(n)]
@@ -201,6 +202,45 @@ def test_generations_match_a_straightforward_loop(decoding, params):
         assert steps[0] < options[0].steps  # blocks ended early: fewer steps than the schedule
 
 
+def test_credit_generation_matches_a_dense_credit_loop():
+    """Logits that change with the canvas (three tables, by how many positions are
+    committed), so a position's top token changes between steps and credit moves
+    between tokens; the reference keeps dInfer's dense [position, vocabulary] credit."""
+    params = dict(threshold=0.5, credit_alpha=0.7, credit_decay=0.8, credit_boost=0.2)
+    opts = parallel_opts("credit", gen=16, block=8, **params)
+    tables = [logits_table(16, seed=s, scale=2.0) for s in (21, 22, 23)]
+    batch = admit([(opts, 0)])
+
+    def model(cand_slots, positions):
+        committed = int((torch.tensor(batch.canvas(0)) != MASK).sum())
+        return tables[committed % 3][positions]
+
+    steps = 0
+    while len(batch.unfinished()):
+        run_step(batch, batch.slots, model)
+        steps += 1
+
+    canvas, credit, expected_steps = [MASK] * 16, torch.zeros(16, tables[0].shape[1]), 0
+    for block in range(2):
+        positions = range(8 * block, 8 * block + 8)
+        while masked := [p for p in positions if canvas[p] == MASK]:
+            table = tables[sum(t != MASK for t in canvas) % 3]
+            token, confidence = {}, {}
+            for p in masked:
+                probs = torch.softmax(table[p], dim=-1)
+                credit[p] *= params["credit_decay"]
+                credit[p, int(probs.argmax())] += float(probs.max()) ** params["credit_boost"]
+                fused = torch.softmax(table[p] + params["credit_alpha"] * torch.log1p(credit[p]), dim=-1)
+                token[p], confidence[p] = int(fused.argmax()), float(fused.max())
+            ranked = sorted(masked, key=lambda p: (-confidence[p], p))
+            n = max(1, sum(confidence[p] >= params["threshold"] for p in masked))
+            for p in ranked[:n]:
+                canvas[p] = token[p]
+            expected_steps += 1
+    assert batch.canvas(0) == canvas
+    assert steps == expected_steps < 16
+
+
 def test_a_block_ends_when_it_has_no_masks_and_the_next_one_starts():
     opts = parallel_opts("threshold", gen=16, block=8, threshold=0.0)  # everything is confident enough
     batch = admit([(opts, 0)])
@@ -231,19 +271,21 @@ def test_decoding_options_resolve_per_request_and_as_server_defaults():
 
 @pytest.mark.parametrize("extra,message", [
     ({"decoding": "greedy"},
-     "unknown decoding rule 'greedy': diffusion option 'decoding' must be fixed, threshold, factor, entropy_bound "
-     "or hierarchy"),
+     "unknown decoding rule 'greedy': diffusion option 'decoding' must be fixed, threshold, factor, entropy_bound, "
+     "hierarchy or credit"),
     ({"decoding": "threshold", "threshold": 1.5}, "diffusion option 'threshold' must lie in (0, 1], got 1.5"),
     ({"decoding": "factor", "factor": 0}, "diffusion option 'factor' must be > 0, got 0"),
     ({"decoding": "factor", "threshold": 0.8},
-     "diffusion option 'threshold' only applies with decoding 'threshold' or 'hierarchy', but 'decoding' is 'factor'"),
+     "diffusion option 'threshold' only applies with decoding 'threshold', 'hierarchy' or 'credit', "
+     "but 'decoding' is 'factor'"),
+    ({"decoding": "credit", "credit_decay": 1.5}, "diffusion option 'credit_decay' must lie in [0, 1], got 1.5"),
     ({"decoding": "threshold", "low_threshold": 0.2},
      "diffusion option 'low_threshold' only applies with decoding 'hierarchy', but 'decoding' is 'threshold'"),
     ({"decoding": "hierarchy", "threshold": 0.5, "low_threshold": 0.6},
      "diffusion option 'low_threshold'=0.6 must not exceed 'threshold'=0.5 (decoding 'hierarchy')"),
     ({"max_tokens_per_step": 2},
      "diffusion option 'max_tokens_per_step' only applies with a parallel decoding rule "
-     "(threshold, factor, entropy_bound or hierarchy), but 'decoding' is 'fixed'"),
+     "(threshold, factor, entropy_bound, hierarchy or credit), but 'decoding' is 'fixed'"),
     ({"decoding": "threshold", "remasking": "random"},
      "decoding 'threshold' ranks positions by the model's confidence; it cannot be combined with remasking 'random'"),
 ])
@@ -258,6 +300,8 @@ def test_dream_decodes_in_parallel_over_confidence_ranking_algs_only():
     assert (options.decoding, options.threshold) == ("threshold", 0.5)
     with pytest.raises(OptionError, match="cannot be combined with alg 'origin'"):
         res(dream(), {"decoding": "threshold"}, max_tokens=16)  # origin is Dream's default alg
+    with pytest.raises(OptionError, match="'credit' is implemented for LLaDA models only"):
+        res(dream(), {"decoding": "credit", "alg": "maskgit_plus"}, max_tokens=16)
     with pytest.raises(OptionError, match="cannot be combined with alg_temp"):
         res(dream(), {"decoding": "factor", "alg": "entropy", "alg_temp": 0.5}, max_tokens=16)
 

@@ -24,7 +24,7 @@ ARCHITECTURE_KINDS = {"LLaDAModelLM": LLADA, "DreamModel": DREAM}
 LLADA_REMASKING = ("low_confidence", "random")
 CACHE_POLICIES = ("none", "prefix", "dual")
 DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
-DECODING_RULES = ("fixed", "threshold", "factor", "entropy_bound", "hierarchy")  # see decoding/parallel.py
+DECODING_RULES = ("fixed", "threshold", "factor", "entropy_bound", "hierarchy", "credit")  # see decoding/parallel.py
 
 
 class OptionError(ValueError):
@@ -50,6 +50,9 @@ class LLaDAOptions:
     factor: float = 1.0
     gamma: float = 1.0
     low_threshold: float = 0.3
+    credit_alpha: float = 0.7
+    credit_decay: float = 0.8
+    credit_boost: float = 0.2
     max_tokens_per_step: int = 0  # 0: no cap
 
     @property
@@ -108,6 +111,9 @@ _REQUEST_KEYS: dict[str, dict[str, tuple[type, ...]]] = {
         "factor": (int, float),
         "gamma": (int, float),
         "low_threshold": (int, float),
+        "credit_alpha": (int, float),
+        "credit_decay": (int, float),
+        "credit_boost": (int, float),
         "max_tokens_per_step": (int,),
     },
     DREAM: {
@@ -166,6 +172,9 @@ PAPER_DEFAULTS: dict[str, dict[str, Any]] = {
         "factor": 1.0,
         "gamma": 1.0,
         "low_threshold": 0.3,
+        "credit_alpha": 0.7,
+        "credit_decay": 0.8,
+        "credit_boost": 0.2,
         "max_tokens_per_step": 0,
     },
     DREAM: {
@@ -230,8 +239,12 @@ def _range_problem(key: str, value: Any, prefix: str = "") -> str | None:
         return f"{prefix}unknown decoding rule '{value}': diffusion option 'decoding' must be {_one_of(DECODING_RULES)}"
     if key in ("threshold", "low_threshold") and not 0 < value <= 1:
         return f"{option} must lie in (0, 1], got {value}"
-    if key in ("factor", "gamma") and value <= 0:
+    if key in ("factor", "gamma", "credit_boost") and value <= 0:
         return f"{option} must be > 0, got {value}"
+    if key == "credit_alpha" and value < 0:
+        return f"{option} must be >= 0, got {value}"
+    if key == "credit_decay" and not 0 <= value <= 1:
+        return f"{option} must lie in [0, 1], got {value}"
     if key == "max_tokens_per_step" and value < 0:
         return f"{option} must be >= 0 (0: no cap), got {value}"
     if key == "alg" and value not in DREAM_ALGS:
@@ -408,8 +421,11 @@ def _check_cache_knobs(merged: dict[str, Any], given: dict[str, Any], prefix: st
 
 # The rules that read each parallel decoding parameter (max_tokens_per_step: all of them).
 DECODING_PARAMETERS = {
-    "threshold": ("threshold", "hierarchy"),
+    "threshold": ("threshold", "hierarchy", "credit"),
     "low_threshold": ("hierarchy",),
+    "credit_alpha": ("credit",),
+    "credit_decay": ("credit",),
+    "credit_boost": ("credit",),
     "factor": ("factor",),
     "gamma": ("entropy_bound",),
 }
@@ -531,6 +547,9 @@ def resolve(
             factor=float(merged["factor"]),
             gamma=float(merged["gamma"]),
             low_threshold=float(merged["low_threshold"]),
+            credit_alpha=float(merged["credit_alpha"]),
+            credit_decay=float(merged["credit_decay"]),
+            credit_boost=float(merged["credit_boost"]),
             max_tokens_per_step=merged["max_tokens_per_step"],
             gen_length=gen_length,
             steps=steps,
@@ -550,6 +569,9 @@ def resolve(
             f"(max_tokens={gen_length})"
         )
     _check_decoding(merged, request, "")
+    if merged["decoding"] == "credit":
+        raise OptionError("decoding 'credit' is implemented for LLaDA models only; Dream offers "
+                          + _one_of(tuple(r for r in DECODING_RULES if r != "credit")))
     alg_temp = merged.get("alg_temp")
     dream_top_k = _dream_filter("top_k", request, top_k, defaults)
     dream_top_p = _dream_filter("top_p", request, top_p, defaults)

@@ -60,7 +60,7 @@ class DreamRule(BatchedRule):
         self.fractions = torch.zeros(cap, 1, dtype=torch.float32, device=device)
         self.filtered_host = np.zeros(cap, dtype=bool)
         self.filtered = False
-        self.parallel = parallel.ParallelParams(cap, device)
+        self.parallel = parallel.ParallelParams(cap, device, state.canvas.shape[1])
 
     def admit(self, slot: int, options: DreamOptions) -> None:
         self.alg[slot] = DREAM_ALGS.index(options.alg)

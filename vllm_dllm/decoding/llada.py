@@ -35,7 +35,7 @@ class LLaDARule(BatchedRule):
         self.random_remasking = zeros(torch.bool)
         self.logits_eos_inf = zeros(torch.bool)
         self.confidence_eos_eot_inf = zeros(torch.bool)
-        self.parallel = parallel.ParallelParams(cap, device)
+        self.parallel = parallel.ParallelParams(cap, device, state.canvas.shape[1])
 
     def admit(self, slot: int, options: LLaDAOptions) -> None:
         self.block_length[slot] = options.block_length
@@ -67,6 +67,7 @@ class LLaDARule(BatchedRule):
         seeds, steps = state.seed[slots], state.step[slots]
         eos = logits[:, ids.eos]
         logits[:, ids.eos] = torch.where(self.logits_eos_inf[slots], float("-inf"), eos)
+        logits = self.parallel.fuse_credit(slots, positions, logits)
         if self.sampled:
             u = sampling.uniform(seeds, steps, positions, sampling.LLADA_SAMPLE, torch.float64)
             tokens = sampling.sample(logits, temperature, u)

@@ -27,6 +27,15 @@ definitions:
                  commits, and the most confident position always does.  Runs shrink
                  and split as positions commit, which is the recursion.  A set, not a
                  count: its members are ranked first (`hierarchy_keys`) and counted.
+  credit         dInfer's CreditThresholdParallelDecoder (same source; CreditDecoding,
+                 arXiv 2510.06133): every masked position of the block keeps a credit
+                 per token, which decays by `credit_decay` each step while the token
+                 with the highest probability gains p ** `credit_boost`; the logits
+                 become logits + `credit_alpha` * log(1 + credit), and the threshold
+                 rule runs on those.  dInfer keeps a dense [positions, vocabulary]
+                 matrix; we keep the CREDIT_SLOTS tokens with the most credit per
+                 position (a newcomer replaces the least), the same whenever a
+                 position's top token changes fewer than CREDIT_SLOTS + 1 times.
 
 How they meet the fixed schedule (decoding/llada.py): a step commits at least the
 count the fixed schedule would (one per step when steps equal the canvas length, so
@@ -43,7 +52,8 @@ import torch
 
 from vllm_dllm.options import DECODING_RULES
 
-FIXED, THRESHOLD, FACTOR, ENTROPY_BOUND, HIERARCHY = (DECODING_RULES.index(name) for name in DECODING_RULES)
+FIXED, THRESHOLD, FACTOR, ENTROPY_BOUND, HIERARCHY, CREDIT = (DECODING_RULES.index(name) for name in DECODING_RULES)
+CREDIT_SLOTS = 4
 
 # Added to the ranking key of a position a set-based rule selects: above every
 # confidence (a probability or a margin, <= 1), so the selected rank first.
@@ -103,7 +113,7 @@ def commit_counts(
     FIXED rows; for the others the rule's count (at least one, at most
     `max_tokens_per_step` when > 0), never below the floor nor above `candidates`."""
     decided = torch.where(
-        rule == THRESHOLD,
+        (rule == THRESHOLD) | (rule == CREDIT),
         by_threshold(ordered, threshold),
         torch.where(
             rule == FACTOR,
@@ -126,9 +136,19 @@ class ParallelParams:
     """Per-slot parallel-decoding parameters of a rule, and the two decisions they
     drive: how many candidates a request commits, and whether its block ended."""
 
-    def __init__(self, capacity: int, device: torch.device):
+    def __init__(self, capacity: int, device: torch.device, max_gen: int):
         def zeros(dtype):
             return torch.zeros(capacity, dtype=dtype, device=device)
+
+        self.max_gen = max_gen
+        # Credit per (slot, canvas position): the tokens holding it (-1: none) and
+        # its amount; allocated when the first credit request arrives.
+        self.credit_tokens: torch.Tensor | None = None
+        self.credit_values: torch.Tensor | None = None
+        self.credit_alpha = zeros(torch.float32)
+        self.credit_decay = zeros(torch.float32)
+        self.credit_boost = zeros(torch.float32)
+        self.credits = False  # some request of this step uses credit
 
         self.rule = zeros(torch.long)
         self.threshold = zeros(torch.float32)
@@ -150,12 +170,45 @@ class ParallelParams:
         self.gamma[slot] = options.gamma
         self.low_threshold[slot] = options.low_threshold
         self.max_tokens_per_step[slot] = options.max_tokens_per_step
+        self.credit_alpha[slot] = getattr(options, "credit_alpha", 0.0)
+        self.credit_decay[slot] = getattr(options, "credit_decay", 0.0)
+        self.credit_boost[slot] = getattr(options, "credit_boost", 1.0)
+        if code == CREDIT:
+            if self.credit_tokens is None:
+                shape = (len(self.rule), self.max_gen, CREDIT_SLOTS)
+                self.credit_tokens = torch.full(shape, -1, dtype=torch.long, device=self.rule.device)
+                self.credit_values = torch.zeros(shape, dtype=torch.float32, device=self.rule.device)
+            self.credit_tokens[slot] = -1
+            self.credit_values[slot] = 0.0
 
     def prepare(self, slots_host) -> None:
         rules = self.rule_host[np.asarray(slots_host)]
         self.active = bool((rules != FIXED).any())
         self.ranks_by_entropy = bool((rules == ENTROPY_BOUND).any())
         self.selects = bool((rules == HIERARCHY).any())
+        self.credits = bool((rules == CREDIT).any())
+
+    def fuse_credit(self, slots: torch.Tensor, positions: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """Credit requests' logits with their positions' credit added, after this
+        step's decay and gain (rows are (slot, canvas position) candidates, each
+        once per step)."""
+        if not self.credits:
+            return logits
+        uses = self.rule[slots] == CREDIT
+        tokens = self.credit_tokens[slots, positions]  # [N, K]
+        values = self.credit_values[slots, positions] * self.credit_decay[slots, None]
+        top_p, top = torch.softmax(logits.float(), dim=-1).max(dim=-1)
+        gain = top_p.pow(self.credit_boost[slots])
+        match = tokens == top[:, None]
+        held = match.any(dim=1)
+        k = torch.where(held, match.int().argmax(dim=1), values.argmin(dim=1))  # else replace the least
+        kept = torch.where(held, values.gather(1, k[:, None]).squeeze(1), 0.0)
+        tokens = tokens.scatter(1, k[:, None], top[:, None])
+        values = values.scatter(1, k[:, None], (kept + gain)[:, None])
+        self.credit_tokens[slots, positions] = torch.where(uses[:, None], tokens, self.credit_tokens[slots, positions])
+        self.credit_values[slots, positions] = torch.where(uses[:, None], values, self.credit_values[slots, positions])
+        boost = self.credit_alpha[slots, None] * torch.log1p(values) * uses[:, None]
+        return logits.scatter_add(1, tokens.clamp(min=0), (boost * (tokens >= 0)).to(logits.dtype))
 
     def rank_by_entropy(self, slots: torch.Tensor, probs: torch.Tensor, confidence: torch.Tensor) -> torch.Tensor:
         """entropy_bound requests rank their candidates by negated entropy."""
