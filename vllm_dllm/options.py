@@ -31,8 +31,23 @@ class OptionError(ValueError):
     """A diffusion option is missing, malformed or inconsistent."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class ParallelDecodingOptions:
+    """Parallel decoding (decoding/parallel.py): the rule and its parameters."""
+
+    decoding: str = "fixed"
+    threshold: float = 0.9  # threshold, hierarchy (upper), credit
+    factor: float = 1.0  # factor
+    gamma: float = 1.0  # entropy_bound
+    low_threshold: float = 0.3  # hierarchy
+    credit_alpha: float = 0.7  # credit (LLaDA only)
+    credit_decay: float = 0.8
+    credit_boost: float = 0.2
+    max_tokens_per_step: int = 0  # every parallel rule; 0: no cap
+
+
 @dataclass(frozen=True)
-class LLaDAOptions:
+class LLaDAOptions(ParallelDecodingOptions):
     gen_length: int
     steps: int
     block_length: int
@@ -44,16 +59,6 @@ class LLaDAOptions:
     cache: str = "none"
     refresh_interval: int = 0
     delay_step: int = 0
-    # Parallel decoding (decoding/parallel.py): the rule and its parameters.
-    decoding: str = "fixed"
-    threshold: float = 0.9
-    factor: float = 1.0
-    gamma: float = 1.0
-    low_threshold: float = 0.3
-    credit_alpha: float = 0.7
-    credit_decay: float = 0.8
-    credit_boost: float = 0.2
-    max_tokens_per_step: int = 0  # 0: no cap
 
     @property
     def num_blocks(self) -> int:
@@ -69,7 +74,7 @@ class LLaDAOptions:
 
 
 @dataclass(frozen=True)
-class DreamOptions:
+class DreamOptions(ParallelDecodingOptions):
     gen_length: int
     steps: int
     eps: float
@@ -78,13 +83,6 @@ class DreamOptions:
     temperature: float
     top_p: float | None
     top_k: int | None
-    # Parallel decoding (decoding/parallel.py), as for LLaDA.
-    decoding: str = "fixed"
-    threshold: float = 0.9
-    factor: float = 1.0
-    gamma: float = 1.0
-    low_threshold: float = 0.3
-    max_tokens_per_step: int = 0
 
     @property
     def uses_cfg(self) -> bool:
@@ -92,6 +90,12 @@ class DreamOptions:
 
 
 DecodeOptions = LLaDAOptions | DreamOptions
+
+PARALLEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ParallelDecodingOptions)}
+_PARALLEL_KEYS = {
+    name: (str,) if name == "decoding" else (int,) if name == "max_tokens_per_step" else (int, float)
+    for name in PARALLEL_DEFAULTS
+}
 
 # Per-request keys and their accepted types.  bool is checked before int because
 # bool is a subclass of int in Python.
@@ -106,15 +110,7 @@ _REQUEST_KEYS: dict[str, dict[str, tuple[type, ...]]] = {
         "cache": (str,),
         "refresh_interval": (int,),
         "delay_step": (int,),
-        "decoding": (str,),
-        "threshold": (int, float),
-        "factor": (int, float),
-        "gamma": (int, float),
-        "low_threshold": (int, float),
-        "credit_alpha": (int, float),
-        "credit_decay": (int, float),
-        "credit_boost": (int, float),
-        "max_tokens_per_step": (int,),
+        **_PARALLEL_KEYS,
     },
     DREAM: {
         "steps": (int,),
@@ -126,12 +122,8 @@ _REQUEST_KEYS: dict[str, dict[str, tuple[type, ...]]] = {
         # there: extra_args is the route that survives (see resolve()).
         "top_k": (int,),
         "top_p": (int, float),
-        "decoding": (str,),
-        "threshold": (int, float),
-        "factor": (int, float),
-        "gamma": (int, float),
-        "low_threshold": (int, float),
-        "max_tokens_per_step": (int,),
+        # Credit decoding is LLaDA's only (resolve() says so for 'decoding').
+        **{key: types for key, types in _PARALLEL_KEYS.items() if not key.startswith("credit_")},
     },
 }
 
@@ -167,26 +159,13 @@ PAPER_DEFAULTS: dict[str, dict[str, Any]] = {
         "cache": "none",
         "refresh_interval": 0,
         "delay_step": 0,
-        "decoding": "fixed",
-        "threshold": 0.9,
-        "factor": 1.0,
-        "gamma": 1.0,
-        "low_threshold": 0.3,
-        "credit_alpha": 0.7,
-        "credit_decay": 0.8,
-        "credit_boost": 0.2,
-        "max_tokens_per_step": 0,
+        **PARALLEL_DEFAULTS,
     },
     DREAM: {
         "eps": 1e-3,
         "alg": "origin",
         "alg_temp": None,
-        "decoding": "fixed",
-        "threshold": 0.9,
-        "factor": 1.0,
-        "gamma": 1.0,
-        "low_threshold": 0.3,
-        "max_tokens_per_step": 0,
+        **PARALLEL_DEFAULTS,
     },
 }
 
@@ -468,6 +447,15 @@ def _check_decoding(merged: dict[str, Any], given: dict[str, Any], prefix: str) 
     )
 
 
+def _parallel_options(merged: dict[str, Any]) -> dict[str, Any]:
+    """The parallel-decoding fields, typed as ParallelDecodingOptions declares them."""
+    return {
+        name: value if isinstance(default, str) else type(default)(value)
+        for name, default in PARALLEL_DEFAULTS.items()
+        for value in (merged[name],)
+    }
+
+
 def _dream_filter(key: str, request: dict, field: float, defaults: ServerDefaults) -> Any:
     """A Dream top_k / top_p value: the request's extra_args, else vLLM's field (not
     neutral only at temperature > 0: vLLM resets it below 1e-5), else the server's
@@ -542,15 +530,7 @@ def resolve(
             cache=merged["cache"],
             refresh_interval=merged["refresh_interval"],
             delay_step=merged["delay_step"],
-            decoding=merged["decoding"],
-            threshold=float(merged["threshold"]),
-            factor=float(merged["factor"]),
-            gamma=float(merged["gamma"]),
-            low_threshold=float(merged["low_threshold"]),
-            credit_alpha=float(merged["credit_alpha"]),
-            credit_decay=float(merged["credit_decay"]),
-            credit_boost=float(merged["credit_boost"]),
-            max_tokens_per_step=merged["max_tokens_per_step"],
+            **_parallel_options(merged),
             gen_length=gen_length,
             steps=steps,
             block_length=block_length,
@@ -585,12 +565,7 @@ def resolve(
         # vLLM's "off" values (top_p 1, top_k 0 or -1) mean the filter is not applied.
         top_p=None if dream_top_p is None or dream_top_p >= 1 else float(dream_top_p),
         top_k=dream_top_k if dream_top_k is not None and dream_top_k > 0 else None,
-        decoding=merged["decoding"],
-        threshold=float(merged["threshold"]),
-        factor=float(merged["factor"]),
-        gamma=float(merged["gamma"]),
-        low_threshold=float(merged["low_threshold"]),
-        max_tokens_per_step=merged["max_tokens_per_step"],
+        **_parallel_options(merged),
     )
 
 

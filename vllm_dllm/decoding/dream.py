@@ -49,7 +49,7 @@ def filter_top_p_top_k(logits: torch.Tensor, top_p: torch.Tensor, top_k: torch.T
 
 
 @register_rule(DREAM)
-class DreamRule(BatchedRule):
+class DreamRule(parallel.ParallelDecoding, BatchedRule):
     def __init__(self, state: DecodeState):
         super().__init__(state)
         cap, device = state.capacity, state.device
@@ -124,18 +124,6 @@ class DreamRule(BatchedRule):
         entropy = torch.sum(probs * torch.log(probs + 1e-10), dim=-1)
         confidence = torch.where(alg == ENTROPY, entropy, confidence)
         return tokens, self.parallel.rank_by_entropy(slots, probs, confidence)
-
-    def slot_holders(self) -> tuple:
-        return (self, self.parallel)
-
-    def commit_count(self, slots, plan, ordered_keys):
-        return self.parallel.counts(slots, plan, ordered_keys)
-
-    def block_done(self, slots, plan):
-        # One block, the whole canvas: it ends with the last scheduled step, or as
-        # soon as a parallel rule has unmasked it all.
-        masked = self.state.masked(slots, plan.candidates.shape[1])
-        return super().block_done(slots, plan) | self.parallel.block_emptied(slots, plan, masked)
 
     def ranking_keys(self, slots, plan, confidence):
         # alg_temp: positions drawn without replacement with weights

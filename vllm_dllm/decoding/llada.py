@@ -22,7 +22,7 @@ def transfer_count(num_masked: torch.Tensor, steps: torch.Tensor, step_in_block:
 
 
 @register_rule(LLADA)
-class LLaDARule(BatchedRule):
+class LLaDARule(parallel.ParallelDecoding, BatchedRule):
     def __init__(self, state: DecodeState):
         super().__init__(state)
         cap, device = state.capacity, state.device
@@ -90,13 +90,3 @@ class LLaDARule(BatchedRule):
 
     def ranking_keys(self, slots, plan, confidence):
         return self.parallel.ranking_keys(slots, plan, confidence)
-
-    def slot_holders(self) -> tuple:
-        return (self, self.parallel)
-
-    def commit_count(self, slots, plan, ordered_keys):
-        return self.parallel.counts(slots, plan, ordered_keys)
-
-    def block_done(self, slots, plan):
-        masked = self.state.masked(slots, plan.candidates.shape[1])
-        return super().block_done(slots, plan) | self.parallel.block_emptied(slots, plan, masked)

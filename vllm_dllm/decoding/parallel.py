@@ -239,3 +239,20 @@ class ParallelParams:
         if not self.active:
             return torch.zeros(len(slots), dtype=torch.bool, device=slots.device)
         return (self.rule[slots] != FIXED) & ~(plan.candidates & masked).any(dim=1)
+
+
+class ParallelDecoding:
+    """Mixed into a BatchedRule whose `parallel` is a ParallelParams: the commit count
+    and the block's end follow the requests' parallel rules."""
+
+    parallel: ParallelParams
+
+    def slot_holders(self) -> tuple:
+        return (self, self.parallel)
+
+    def commit_count(self, slots, plan, ordered_keys):
+        return self.parallel.counts(slots, plan, ordered_keys)
+
+    def block_done(self, slots, plan):
+        masked = self.state.masked(slots, plan.candidates.shape[1])
+        return super().block_done(slots, plan) | self.parallel.block_emptied(slots, plan, masked)
