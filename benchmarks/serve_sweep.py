@@ -15,6 +15,12 @@ Configurations (server-wide `--additional-config '{"dllm": ...}'`):
      Refresh cost for as long as it runs
   c  dual cache, phase-multiplexed greedy admission (Reuse steps free headroom)
   d  (c) with lookahead admission: future Refresh peaks never exceed the budget
+  e  (c) with parallel decoding: Fast-dLLM's confidence threshold 0.9
+
+Workloads: random prompts of three shapes (burst, osc, livebench), and `tasks`: the
+shipped task model's held-out prompts (an equal mix of the four tasks, chat template
+applied by the client, each with its task's canvas length), for configurations whose
+decoding depends on what the model is sure of (use --model with the task model).
 """
 
 from __future__ import annotations
@@ -38,12 +44,14 @@ CONFIGS = {
     "b": {"cache": "dual", "admission": "reserve"},
     "c": {"cache": "dual", "admission": "greedy"},
     "d": {"cache": "dual", "admission": "lookahead"},
+    "e": {"cache": "dual", "admission": "greedy", "decoding": "threshold", "threshold": 0.9},
 }
 LABELS = {
     "a": "(a) exact, static batching",
     "b": "(b) dual cache, request-level",
     "c": "(c) dual cache, phase-multiplexed",
     "d": "(d) (c) + lookahead admission",
+    "e": "(e) (c) + threshold decoding",
 }
 # Shapes after the dLLM-Serve paper's workloads, scaled to a 2-core CPU.
 WORKLOADS = {
@@ -54,6 +62,30 @@ WORKLOADS = {
     # short prompt, long output
     "livebench": ["--random-input-len", "32", "--random-output-len", "192", "--random-range-ratio", "0"],
 }
+
+
+def task_prompts(path: pathlib.Path, count: int, seed: int = 0) -> pathlib.Path:
+    """A custom-dataset file of held-out task prompts: {"prompt", "output_tokens"} lines."""
+    import random
+
+    from vllm_dllm.tasks import TASKS, TEST
+
+    rng = random.Random(seed)
+    names = sorted(TASKS)
+    lines = []
+    for i in range(count):
+        task = TASKS[names[i % len(names)]]
+        lines.append(json.dumps({"prompt": task.sample(rng, TEST).prompt, "output_tokens": task.gen_length}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def dataset_args(workload: str, args) -> list[str]:
+    if workload == "tasks":
+        path = task_prompts(args.out / "task-prompts.jsonl", args.num_prompts)
+        # -1: each prompt's own output_tokens (the default is a fixed 256).
+        return ["--dataset-name", "custom", "--dataset-path", str(path), "--custom-output-len", "-1"]
+    return ["--dataset-name", "random", *WORKLOADS[workload]]
 METRICS = [
     "vllm:diffusion_num_denoising_steps_total",
     "vllm:diffusion_num_committed_tokens_total",
@@ -119,7 +151,7 @@ def bench(server: Server, model: str, workload: str, rate: float, args, result_d
     name = f"{workload}-rate{rate}"
     cmd = [
         str(BIN / "vllm"), "bench", "serve", "--backend", "vllm", "--base-url", server.base, "--model", model,
-        "--dataset-name", "random", *WORKLOADS[workload], "--request-rate", str(rate),
+        *dataset_args(workload, args), "--request-rate", str(rate),
         "--num-prompts", str(args.num_prompts), "--seed", "0", "--ignore-eos",
         "--percentile-metrics", "ttft,e2el", "--metric-percentiles", "50,99",
         "--save-result", "--result-dir", str(result_dir), "--result-filename", f"{name}.json",
@@ -146,7 +178,8 @@ def bench(server: Server, model: str, workload: str, rate: float, args, result_d
 
 
 def write_report(results: dict, out: pathlib.Path, baseline: str = "b") -> None:
-    rows = ["| workload | rate | config | committed tok/s | x (b) | mean latency s | x (b) | p99 latency s | x (b) | delayed steps |",
+    x = f"x ({baseline})"
+    rows = [f"| workload | rate | config | committed tok/s | {x} | mean latency s | {x} | p99 latency s | {x} | delayed steps |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     for workload in sorted({r["workload"] for rs in results.values() for r in rs}):
         rates = sorted({r["rate"] for rs in results.values() for r in rs if r["workload"] == workload})
@@ -168,7 +201,7 @@ def write_report(results: dict, out: pathlib.Path, baseline: str = "b") -> None:
                     f"{r['mean_e2el_ms'] / 1000:.2f} | {ratio('mean_e2el_ms', True)} | {r['p99_e2el_ms'] / 1000:.2f} | "
                     f"{ratio('p99_e2el_ms', True)} | {int(r.get('delayed_steps', 0))} |"
                 )
-    notes = "Latency ratios are (b) / config: above 1 means lower latency than (b).\n"
+    notes = f"Latency ratios are ({baseline}) / config: above 1 means lower latency than ({baseline}).\n"
     (out / "table.md").write_text("\n".join(rows) + "\n\n" + notes)
     try:
         import matplotlib
@@ -214,6 +247,7 @@ def main(argv=None) -> int:
     ap.add_argument("--run-timeout", type=int, default=1800)
     ap.add_argument("--hidden", type=int, default=256, help="size of the generated model")
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--baseline", default="b", help="the configuration ratios are taken against")
     args = ap.parse_args(argv)
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -235,7 +269,7 @@ def main(argv=None) -> int:
         finally:
             server.stop()
     (args.out / "results.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": results}, indent=2) + "\n")
-    write_report(results, args.out)
+    write_report(results, args.out, args.baseline)
     print((args.out / "table.md").read_text())
     return 0
 
