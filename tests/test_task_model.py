@@ -13,7 +13,10 @@ correct engine does not fail on an unlucky slice of 20.
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -21,6 +24,7 @@ from tests import oracle
 from vllm_dllm import eval as task_eval
 from vllm_dllm.default_model import PATH
 from vllm_dllm.tasks import TASKS, TEST
+from vllm_dllm.training.curriculum import fitting_task
 
 N = 20
 # Minimum whole answers right out of N, and minimum fraction of characters in place.
@@ -87,3 +91,57 @@ def test_plugin_matches_the_oracle_on_the_trained_model(runner, cache):
             assert list(out.token_ids) == oracle.trim_at_eos(want.tokens, {eot, eos}), f"{name} ({cache})"
             compared += 1
     assert compared >= 5
+
+
+# Canvas lengths other than each task's own (8 for retrieval and addition, 56 for copy
+# and reverse): a request asks for whatever max_tokens it likes, and one without gets
+# the model's max_new_tokens (56).  The model must fill the rest of a longer canvas
+# with end-of-text (issue 15: `add 9+3=` on 56 positions gave `NE`).  Copy and reverse
+# run on the instances that fit: exactly 16 symbols at 16, 16-32 at 32.
+OTHER_LENGTHS = [(name, length) for name in ("retrieval", "addition") for length in (16, 32, 56)] + [
+    (name, length) for name in ("copy", "reverse") for length in (16, 32)
+]
+
+
+@pytest.mark.parametrize("name, length", OTHER_LENGTHS)
+def test_answers_stay_right_on_other_canvas_lengths(runner, name, length):
+    task = fitting_task(TASKS[name], length)
+    result = task_eval.evaluate_task(runner, task, N, seed=321, xargs={}, max_tokens=length)
+    assert result.max_tokens == length and result.n == N
+    assert result.correct >= EXACT_FLOORS[name], f"{name} at {length}: {result.correct}/{N} correct"
+
+
+def test_default_canvas_is_the_generation_config_one():
+    # What a chat request without max_tokens gets, and the longest length tested above.
+    generation = json.loads((PATH / "generation_config.json").read_text())
+    assert generation["max_new_tokens"] == 56 == max(length for _, length in OTHER_LENGTHS)
+
+
+def test_autotokenizer_loads_the_shipped_model_without_remote_code(runner):
+    # transformers 5.x's AutoTokenizer loads the config first; an auto_map in it made
+    # AutoConfig ask interactively whether to run configuration_llada.py.  In a clean
+    # process (no plugin registration) with no stdin, nothing may ask, and the
+    # tokenizer must encode a chat prompt exactly as the served engine does.
+    config = json.loads((PATH / "config.json").read_text())
+    assert "auto_map" not in config
+    code = (
+        "import json, sys\n"
+        "from transformers import AutoTokenizer\n"
+        f"tok = AutoTokenizer.from_pretrained({str(PATH)!r})\n"
+        "chat = tok.apply_chat_template([{'role': 'user', 'content': 'add 9+3='}], tokenize=False,"
+        " add_generation_prompt=True)\n"
+        "print(json.dumps(tok.encode(chat, add_special_tokens=False)))\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "custom code" not in proc.stdout + proc.stderr and "trust_remote_code" not in proc.stdout + proc.stderr
+    ids = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert ids == runner.prompt_ids("add 9+3=")
+
+
+def test_eval_writes_results_only_when_asked():
+    assert task_eval.build_parser().parse_args([]).out is None
+    args = task_eval.build_parser().parse_args(["--max-tokens", "8,56", "--out", "r.json"])
+    assert task_eval.parse_lengths(args.max_tokens) == [8, 56] and str(args.out) == "r.json"

@@ -199,3 +199,78 @@ def test_init_from_starts_a_new_run_from_another_runs_weights_and_levels(tmp_pat
     with pytest.raises(SystemExit):
         train.main(["--out", str(second), *shape, "--steps", "1", "--resume",
                     "--init-from", str(first / "state.pt")])
+
+
+def test_loss_with_per_row_canvas_lengths_masks_each_row_inside_its_own_canvas():
+    # Rows of canvas lengths 1..8 in one batch: each masks between 1 and its own G
+    # positions, never past its canvas, and uniform predictions still cost ln(V) per row.
+    vocab, mask_id, rows = 50, 49, 64
+    gen_lengths = torch.tensor([1 + i % 8 for i in range(rows)])
+    prompts = [[5 + (i + j) % 7 for j in range(6 + i % 3)] for i in range(rows)]
+    canvases = [[20 + (i * j) % 9 for j in range(int(gen_lengths[i]))] for i in range(rows)]
+    ids, lengths, starts = train.pack(prompts, canvases, pad=0)
+    model = _UniformModel(4, vocab)
+    loss, _ = train.diffusion_loss(model, ids, lengths, starts, gen_lengths, mask_id, torch.Generator().manual_seed(2))
+    assert loss.item() == pytest.approx(math.log(vocab), rel=1e-5)
+    masked = model.seen == mask_id
+    for row in range(rows):
+        start, g = int(starts[row]), int(gen_lengths[row])
+        assert not masked[row, :start].any() and not masked[row, start + g:].any()
+        assert 1 <= int(masked[row, start:start + g].sum()) <= g
+    # Every row's full range of mask counts is reachable: the longest rows see both ends.
+    long_rows = [int(masked[r, int(starts[r]):].sum()) for r in range(rows) if gen_lengths[r] == 8]
+    assert min(long_rows) < 4 < max(long_rows)
+
+
+def test_rows_draw_canvas_lengths_from_the_answer_length_to_the_maximum(tmp_path):
+    from vllm_dllm.training.checkpoint import build_tokenizer
+
+    ids = build_tokenizer(tmp_path, 512)
+    encoder = train.Encoder(tmp_path, ids)
+    rng = random.Random(0)
+    instances, _, canvases = train.make_batch(TASKS["addition"], encoder, rng, 400, max_canvas=64, own_share=0.25)
+    lengths = [len(c) for c in canvases]
+    assert min(lengths) >= 1 and max(lengths) <= 64 and max(lengths) > 56
+    assert 0.15 < sum(n == TASKS["addition"].gen_length for n in lengths) / len(lengths) < 0.4
+    for inst, canvas in zip(instances, canvases):
+        answer = encoder.tok.encode(inst.answer, add_special_tokens=False)
+        assert len(canvas) >= len(answer) and canvas[: len(answer)] == answer
+        rest = canvas[len(answer):]
+        # The answer, then <|eot_id|> when there is room, then EOS padding to the end.
+        assert rest == ([ids["eot"]] + [ids["eos"]] * (len(rest) - 1) if rest else [])
+    # Without --max-canvas every canvas keeps the task's own length.
+    _, _, canvases = train.make_batch(TASKS["copy"], encoder, rng, 8)
+    assert {len(c) for c in canvases} == {TASKS["copy"].gen_length}
+
+
+def test_fitting_task_keeps_only_answers_that_fit_the_canvas():
+    from vllm_dllm.training.curriculum import fitting_task
+
+    rng = random.Random(0)
+    assert fitting_task(TASKS["copy"], 8) is None and fitting_task(TASKS["reverse"], 15) is None
+    for name, canvas in [("copy", 16), ("reverse", 32), ("addition", 4), ("addition", 8), ("retrieval", 2)]:
+        task = fitting_task(TASKS[name], canvas)
+        answers = [task.draw(rng).answer for _ in range(300)]
+        assert max(len(a) for a in answers) <= canvas, (name, canvas)
+    assert fitting_task(TASKS["addition"], 8) is TASKS["addition"]  # 6-digit operands: sums of up to 7
+    assert {len(fitting_task(TASKS["copy"], 16).draw(rng).answer) for _ in range(20)} == {16}
+
+
+def test_init_from_a_checkpoint_folder_loads_its_weights(tmp_path):
+    from safetensors.torch import load_file
+
+    shape = ["--hidden", "64", "--layers", "1", "--heads", "1", "--intermediate", "96", "--threads", "1",
+             "--tasks", "addition,copy", "--eval-every", "1000", "--save-every", "100", "--rope-theta", "10000"]
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert train.main(["--out", str(first), *shape, "--steps", "2", "--max-canvas", "24",
+                       "--eval-every", "2", "--eval-n", "2", "--eval-lengths", "8,16"]) == 0
+    last = json.loads((first / "train_log.jsonl").read_text().splitlines()[-1])
+    # Copy's 16-48 symbols fit no 8-position canvas: evaluated at 16 only.
+    assert set(last["accuracy_at_8"]) == {"addition"} and set(last["accuracy_at_16"]) == {"addition", "copy"}
+    assert train.main(["--out", str(second), *shape, "--steps", "0", "--init-from", str(first / "model")]) == 0
+    shipped = load_file(str(first / "model" / "model.safetensors"))
+    started = torch.load(second / "state.pt", weights_only=False)["model"]
+    for name, weight in shipped.items():
+        assert torch.equal(started[name], weight.float()), name
+    with pytest.raises(SystemExit):  # a folder without weights
+        train.main(["--out", str(tmp_path / "third"), *shape, "--steps", "0", "--init-from", str(tmp_path)])

@@ -1,13 +1,22 @@
 """Task accuracy of a model served through the plugin.
 
     python -m vllm_dllm.eval --task retrieval|addition|copy|reverse|all --n N
-        [--model DIR] [--xargs JSON] [--base-url URL] [--out results.json]
+        [--max-tokens 8,16,32,56] [--model DIR] [--xargs JSON] [--base-url URL] [--out results.json]
 
-Offline (vLLM's `LLM` with the plugin) by default, or against a running server with
+Offline (vLLM's engine with the plugin) by default, or against a running server with
 `--base-url`.  Prints exact-match accuracy with a 95% Wilson interval, the fraction of
 answer characters in place (partial credit), committed tokens per second and denoising
-steps per token, and writes JSON.  The default
-decoding is exact: steps = generation length, one block, low-confidence remasking.
+steps per token; writes JSON only to `--out`.  The default decoding is exact: steps =
+generation length, one block, low-confidence remasking.
+
+Each task is decoded on its own canvas length (`Task.gen_length`) unless `--max-tokens`
+lists canvas lengths: then every task runs at each of them, on the held-out instances
+whose answer fits (copy/reverse of 16-48 symbols on a 32-position canvas: 16-32
+symbols; none on 8, reported as n/a).  For lengths of 8, 16, 32 and 56 exact decoding
+is also the server's default (steps = max_tokens; one block, since a 32-position block
+either equals the canvas or does not divide it), so the sweep measures what a request
+without diffusion options gets; 56 is the shipped model's `max_new_tokens`, the canvas
+of a chat request without `max_tokens`.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from dataclasses import asdict, dataclass
 
 from vllm_dllm.default_model import PATH as DEFAULT_MODEL
 from vllm_dllm.tasks import TASKS, TEST, Instance, Task, char_score, score
+from vllm_dllm.training.curriculum import fitting_task
 
 
 @dataclass
@@ -36,6 +46,19 @@ class TaskResult:
     steps_per_token: float | None
     denoising_steps: int | None
     wall_s: float
+    max_tokens: int
+    instances: str  # which held-out instances: the task's full range or the part that fits
+
+
+def describe(task: Task) -> str:
+    """The instance range a (possibly restricted) task draws from."""
+    if hasattr(task, "min_pairs"):
+        return f"{task.min_pairs}-{task.max_pairs} pairs"
+    if hasattr(task, "max_digits"):
+        return f"operands up to {task.max_digits} digits"
+    if hasattr(task, "min_len"):
+        return f"{task.min_len}-{task.max_len} symbols"
+    return "all"
 
 
 def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -48,8 +71,8 @@ def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-def exact_xargs(task: Task, xargs: dict) -> dict:
-    return {"steps": task.gen_length, "block_length": task.gen_length, **xargs}
+def exact_xargs(gen_length: int, xargs: dict) -> dict:
+    return {"steps": gen_length, "block_length": gen_length, **xargs}
 
 
 def instances(task: Task, n: int, seed: int) -> list[Instance]:
@@ -101,10 +124,10 @@ class OfflineRunner:
                     done[out.request_id] = out
         return [done[req_id].outputs[0] for req_id in order]
 
-    def run(self, task: Task, items: list[Instance], xargs: dict) -> tuple[list[str], int, int | None]:
+    def run(self, items: list[Instance], max_tokens: int, xargs: dict) -> tuple[list[str], int, int | None]:
         from vllm import SamplingParams
 
-        params = SamplingParams(max_tokens=task.gen_length, temperature=0.0, extra_args=exact_xargs(task, xargs))
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, extra_args=exact_xargs(max_tokens, xargs))
         before = self._steps()
         outs = self.generate([self.prompt_ids(item.prompt) for item in items], params)
         tokens = sum(len(o.token_ids) for o in outs)
@@ -131,7 +154,7 @@ class ServerRunner:
                 found = True
         return total if found else None
 
-    def run(self, task: Task, items: list[Instance], xargs: dict) -> tuple[list[str], int, int | None]:
+    def run(self, items: list[Instance], max_tokens: int, xargs: dict) -> tuple[list[str], int, int | None]:
         from concurrent.futures import ThreadPoolExecutor
 
         before = self._steps()
@@ -140,9 +163,9 @@ class ServerRunner:
             body = {
                 "model": self.model,
                 "messages": [{"role": "user", "content": item.prompt}],
-                "max_tokens": task.gen_length,
+                "max_tokens": max_tokens,
                 "temperature": 0.0,
-                "vllm_xargs": exact_xargs(task, xargs),
+                "vllm_xargs": exact_xargs(max_tokens, xargs),
             }
             resp = self.session.post(f"{self.base}/v1/chat/completions", json=body, timeout=600)
             resp.raise_for_status()
@@ -156,10 +179,13 @@ class ServerRunner:
         return [r[0] for r in results], sum(r[1] for r in results), steps
 
 
-def evaluate_task(runner, task: Task, n: int, seed: int, xargs: dict) -> TaskResult:
+def evaluate_task(runner, task: Task, n: int, seed: int, xargs: dict, max_tokens: int | None = None) -> TaskResult:
+    """`task` on `n` held-out instances with a canvas of `max_tokens` (default: the
+    task's own length); `task` should be one whose answers fit (see `fitting_task`)."""
+    max_tokens = max_tokens or task.gen_length
     items = instances(task, n, seed)
     start = time.perf_counter()
-    texts, tokens, steps = runner.run(task, items, xargs)
+    texts, tokens, steps = runner.run(items, max_tokens, xargs)
     wall = time.perf_counter() - start
     correct = sum(score(item, text) for item, text in zip(items, texts))
     return TaskResult(
@@ -173,26 +199,60 @@ def evaluate_task(runner, task: Task, n: int, seed: int, xargs: dict) -> TaskRes
         steps_per_token=(steps / tokens) if steps is not None and tokens else None,
         denoising_steps=steps,
         wall_s=wall,
+        max_tokens=max_tokens,
+        instances=describe(task),
     )
 
 
-def main(argv=None) -> int:
+def weights_digest(model: str) -> str | None:
+    """sha256 of a local checkpoint's model.safetensors: which weights were measured."""
+    path = pathlib.Path(model) / "model.safetensors"
+    if not path.is_file():
+        return None
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def parse_lengths(text: str) -> list[int]:
+    lengths = [int(part) for part in text.split(",") if part.strip()]
+    if not lengths or min(lengths) < 1:
+        raise ValueError(text)
+    return lengths
+
+
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", default="all", choices=[*TASKS, "all"])
     ap.add_argument("--n", type=int, default=100)
+    ap.add_argument("--max-tokens", default=None,
+                    help="canvas lengths to sweep, e.g. 8,16,32,56 (default: each task's own length)")
     ap.add_argument("--model", default=None, help="checkpoint folder (default: the bundled model); with --base-url, the served model name")
     ap.add_argument("--xargs", default="{}", help="diffusion options as JSON, e.g. '{\"steps\": 4}'")
     ap.add_argument("--base-url", default=None, help="evaluate a running server instead")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("eval_results.json"))
+    ap.add_argument("--out", type=pathlib.Path, default=None,
+                    help="write the results as JSON here (nothing is written without it)")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
 
     xargs = json.loads(args.xargs)
     if not isinstance(xargs, dict):
         ap.error("--xargs must be a JSON object")
+    lengths: list[int | None] = [None]
+    if args.max_tokens is not None:
+        try:
+            lengths = parse_lengths(args.max_tokens)
+        except ValueError:
+            ap.error(f"--max-tokens: '{args.max_tokens}' is not a comma-separated list of positive lengths")
     tasks = list(TASKS.values()) if args.task == "all" else [TASKS[args.task]]
     if args.base_url:
         runner = ServerRunner(args.base_url, args.model)
+        model = runner.model
     else:
         model = args.model or str(DEFAULT_MODEL)
         runner = OfflineRunner(
@@ -200,17 +260,29 @@ def main(argv=None) -> int:
             dict(max_model_len=512, max_num_seqs=32, kv_cache_memory_bytes=512 << 20, gpu_memory_utilization=0.3),
         )
     results = []
-    for task in tasks:
-        result = evaluate_task(runner, task, args.n, args.seed, xargs)
-        results.append(result)
-        steps = f"{result.steps_per_token:.2f}" if result.steps_per_token is not None else "n/a"
-        print(
-            f"{task.name:10s} accuracy {result.accuracy:6.1%}  95% CI [{result.ci95[0]:.1%}, {result.ci95[1]:.1%}]"
-            f"  chars {result.char_accuracy:6.1%}  n={result.n}  {result.tokens_per_s:7.1f} tok/s  {steps} steps/token",
-            flush=True,
-        )
-    args.out.write_text(json.dumps({"xargs": xargs, "results": [asdict(r) for r in results]}, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    skipped = []
+    for length in lengths:
+        for full in tasks:
+            task = full if length is None else fitting_task(full, length)
+            if task is None:
+                skipped.append({"task": full.name, "max_tokens": length, "reason": "no answer fits"})
+                print(f"{full.name:10s} max_tokens {length:3d}: n/a (no {describe(full)} answer fits)", flush=True)
+                continue
+            result = evaluate_task(runner, task, args.n, args.seed, xargs, max_tokens=length)
+            results.append(result)
+            steps = f"{result.steps_per_token:.2f}" if result.steps_per_token is not None else "n/a"
+            print(
+                f"{task.name:10s} max_tokens {result.max_tokens:3d} ({result.instances})  "
+                f"accuracy {result.accuracy:6.1%}  95% CI [{result.ci95[0]:.1%}, {result.ci95[1]:.1%}]"
+                f"  chars {result.char_accuracy:6.1%}  n={result.n}  {result.tokens_per_s:7.1f} tok/s  {steps} steps/token",
+                flush=True,
+            )
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"model": model, "weights_sha256": weights_digest(model), "xargs": xargs, "seed": args.seed,
+                   "results": [asdict(r) for r in results], "not_applicable": skipped}
+        args.out.write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"wrote {args.out}")
     return 0
 
 

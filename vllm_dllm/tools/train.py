@@ -28,7 +28,7 @@ from vllm_dllm.decoding.base import DecodeState, SpecialIds, make_rule
 from vllm_dllm.options import LLADA, LLaDAOptions
 from vllm_dllm.tasks import TASKS, TEST, TRAIN, Task, score
 from vllm_dllm.training.checkpoint import build_tokenizer, write_checkpoint
-from vllm_dllm.training.curriculum import Curriculum
+from vllm_dllm.training.curriculum import Curriculum, fitting_task
 from vllm_dllm.training.model import TrainableLLaDA
 
 CHAT_PREFIX = "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\n"
@@ -58,10 +58,28 @@ class Encoder:
         return self.tok.decode(tokens, skip_special_tokens=True)
 
 
-def make_batch(task: Task, encoder: Encoder, rng: random.Random, size: int, split: str = TRAIN):
+def canvas_length(answer_tokens: int, task: Task, max_canvas: int, own_share: float, rng: random.Random) -> int:
+    """A row's canvas length: the task's own with probability `own_share`, else uniform
+    from the answer's length (no room for <|eot_id|>: the canvas ends with the answer)
+    up to `max_canvas`.  A real LLaDA fills whatever canvas a request asks for with
+    end-of-text after its answer; a model trained at one length per task does not
+    (issue 15: `add 9+3=` on the server's default 56-position canvas gave `NE`)."""
+    if max_canvas <= 0 or rng.random() < own_share:
+        return task.gen_length
+    return rng.randint(answer_tokens, max(answer_tokens, max_canvas))
+
+
+def make_batch(task: Task, encoder: Encoder, rng: random.Random, size: int, split: str = TRAIN,
+               max_canvas: int = 0, own_share: float = 0.0):
+    """Instances, prompt ids and canvases.  With `max_canvas` each row draws its own
+    canvas length (see `canvas_length`); without, every canvas is `task.gen_length`."""
     instances = [task.sample(rng, split) for _ in range(size)]
     prompts = [encoder.prompt(i.prompt) for i in instances]
-    canvases = [encoder.canvas(i.answer, task.gen_length) for i in instances]
+    canvases = []
+    for inst in instances:
+        answer = len(encoder.tok.encode(inst.answer, add_special_tokens=False))
+        length = canvas_length(answer, task, max_canvas, own_share, rng)
+        canvases.append(encoder.canvas(inst.answer, max(length, answer + 1))[:length])
     return instances, prompts, canvases
 
 
@@ -77,7 +95,7 @@ def pack(prompts: list[list[int]], canvases: list[list[int]], pad: int):
     return ids, lengths, starts
 
 
-def diffusion_loss(model, ids, lengths, starts, gen_length: int, mask_id: int, gen: torch.Generator,
+def diffusion_loss(model, ids, lengths, starts, gen_length, mask_id: int, gen: torch.Generator,
                    pad_id: int | None = None) -> tuple[torch.Tensor, float | None]:
     """LLaDA's masked-diffusion SFT loss, in the estimator LLaDA itself uses for likelihoods.
 
@@ -91,13 +109,21 @@ def diffusion_loss(model, ids, lengths, starts, gen_length: int, mask_id: int, g
     Returns the loss and the argmax accuracy on masked positions other than `pad_id`
     (the answer and its end-of-turn, not the EOS padding; None when none was masked).
     The end-of-turn counts: placing it is knowing the answer's length.
+
+    `gen_length` is one canvas length for the batch or a [B] tensor of per-row lengths
+    (each row's canvas ends at its own `lengths`).  The loss is the mean over rows of
+    each row's 1/t-weighted sum divided by its canvas length, as in LLaDA's SFT.
     """
     b = ids.shape[0]
+    g = torch.as_tensor(gen_length, dtype=torch.long).expand(b)
+    g_max = int(g.max())
     strata = ((torch.arange(b) + torch.rand(b, generator=gen)) / b)[torch.randperm(b, generator=gen)]
-    k = (strata * gen_length).long().clamp(max=gen_length - 1) + 1
-    order = torch.rand(b, gen_length, generator=gen).argsort(1).argsort(1)
+    k = torch.minimum((strata * g).long(), g - 1) + 1
+    keys = torch.rand(b, g_max, generator=gen)
+    keys[torch.arange(g_max)[None] >= g[:, None]] = 2.0  # beyond a row's canvas: never masked
+    order = keys.argsort(1).argsort(1)
     masked = order < k[:, None]
-    canvas_pos = starts[:, None] + torch.arange(gen_length)[None]  # [B, G]
+    canvas_pos = starts[:, None] + torch.arange(g_max)[None]  # [B, G]
     rows = torch.arange(b)[:, None].expand_as(canvas_pos)
     row_m, pos_m = rows[masked], canvas_pos[masked]
     noisy = ids.clone()
@@ -108,22 +134,25 @@ def diffusion_loss(model, ids, lengths, starts, gen_length: int, mask_id: int, g
     picked = model.logits(hidden[row_m.to(device), pos_m.to(device)]).float()
     target = ids[row_m, pos_m].to(device)
     ce = F.cross_entropy(picked, target, reduction="none")
-    weights = (gen_length / k.float())[row_m].to(device)
+    # Weight G/k on each masked token, over G positions per row: 1/k.
+    weights = (1.0 / k.float())[row_m].to(device)
     answer = target != pad_id if pad_id is not None else torch.ones_like(target, dtype=torch.bool)
     with torch.no_grad():
         hits = (picked.argmax(-1) == target)[answer]
         accuracy = hits.float().mean().item() if hits.numel() else None
-    return (ce * weights).sum() / (b * gen_length), accuracy
+    return (ce * weights).sum() / b, accuracy
 
 
 @torch.no_grad()
-def evaluate(model, task: Task, encoder: Encoder, n: int, seed: int) -> float:
-    """Exact decoding (steps = canvas length, one block, low confidence) on the test split."""
+def evaluate(model, task: Task, encoder: Encoder, n: int, seed: int, gen_length: int | None = None) -> float:
+    """Exact decoding (steps = canvas length, one block, low confidence) on the test split,
+    at the task's own canvas length or `gen_length`."""
     rng = random.Random(seed)
     ids = encoder.ids
     special = SpecialIds(mask=ids["mask"], eos=ids["eos"], eot=ids["eot"])
+    gen_length = gen_length or task.gen_length
     options = LLaDAOptions(
-        gen_length=task.gen_length, steps=task.gen_length, block_length=task.gen_length,
+        gen_length=gen_length, steps=gen_length, block_length=gen_length,
         remasking="low_confidence", temperature=0.0, cfg_scale=0.0,
         logits_eos_inf=False, confidence_eos_eot_inf=False,
     )
@@ -218,7 +247,15 @@ def export_saved(state_path: pathlib.Path, out: pathlib.Path) -> int:
 
 def init_from(state_path: pathlib.Path, model, curriculum: Curriculum) -> None:
     """Load another run's weights, and its task levels when both runs grow sizes
-    adaptively (levels say what the model has learned, so they carry over)."""
+    adaptively (levels say what the model has learned, so they carry over).  A
+    checkpoint folder (model.safetensors, e.g. the shipped vllm_dllm/default_model)
+    gives weights only, upcast to float32."""
+    if state_path.is_dir():
+        from safetensors.torch import load_file
+
+        weights = load_file(str(state_path / "model.safetensors"))
+        model.load_state_dict({k: v.float() for k, v in weights.items()})
+        return
     state = torch.load(state_path, weights_only=False, map_location="cpu")
     model.load_state_dict(state["model"])
     saved = state.get("curriculum")
@@ -257,6 +294,14 @@ def main(argv=None) -> int:
     ap.add_argument("--init-from", type=pathlib.Path, default=None,
                     help="start from the weights (and adaptive curriculum levels) of another run's "
                          "state.pt of the same shape; optimizer, schedule and data are new")
+    ap.add_argument("--max-canvas", type=int, default=0,
+                    help="draw each row's canvas length from the answer's length up to this (0: every "
+                         "task at its own gen_length)")
+    ap.add_argument("--own-length-share", type=float, default=0.0,
+                    help="with --max-canvas, the share of rows kept at the task's own canvas length")
+    ap.add_argument("--eval-lengths", default="",
+                    help="also evaluate at these canvas lengths, e.g. 8,56 (tasks whose answers do not fit "
+                         "are skipped)")
     ap.add_argument("--eval-every", type=int, default=200)
     ap.add_argument("--eval-n", type=int, default=32)
     ap.add_argument("--save-every", type=int, default=100)
@@ -270,6 +315,9 @@ def main(argv=None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    # The held-out evaluation imports the decoding rule lazily; import it now so a
+    # broken tree fails here rather than at the first evaluation, an hour in.
+    import vllm_dllm.decoding.llada  # noqa: F401
     if args.export is not None:
         state_path = args.out / "state.pt"
         if not state_path.exists():
@@ -296,6 +344,10 @@ def main(argv=None) -> int:
         ap.error("--init-from starts a new run; --resume continues this one: choose one")
     shape = dict(hidden=args.hidden, layers=args.layers, heads=args.heads, intermediate=args.intermediate,
                  rope_theta=args.rope_theta)
+    try:
+        eval_lengths = [int(x) for x in args.eval_lengths.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--eval-lengths: '{args.eval_lengths}' is not a comma-separated list of lengths")
 
     torch.manual_seed(args.seed)
     model = TrainableLLaDA(ids["vocab_size"], args.hidden, args.layers, args.heads, args.intermediate,
@@ -338,14 +390,16 @@ def main(argv=None) -> int:
         if args.minutes is not None and time.time() - start > args.minutes * 60:
             break
         task = curriculum.task(cycle[step % len(cycle)], step)
-        _, prompts, canvases = make_batch(task, encoder, data_rng, batch_sizes[task.name])
+        _, prompts, canvases = make_batch(task, encoder, data_rng, batch_sizes[task.name],
+                                          max_canvas=args.max_canvas, own_share=args.own_length_share)
         batch, lengths, starts = pack(prompts, canvases, ids["eos"])
+        gen_lengths = torch.tensor([len(c) for c in canvases])
         for group in optim.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
         # float32 throughout: on this CPU bf16 autocast measured slower (1.9 vs 1.4 s
         # per retrieval batch).
         loss, answer_accuracy = diffusion_loss(
-            model, batch, lengths, starts, task.gen_length, ids["mask"], noise, pad_id=ids["eos"]
+            model, batch, lengths, starts, gen_lengths, ids["mask"], noise, pad_id=ids["eos"]
         )
         optim.zero_grad(set_to_none=True)
         loss.backward()
@@ -360,6 +414,12 @@ def main(argv=None) -> int:
         if step % args.eval_every == 0 or step == args.steps:
             model.eval()
             record["accuracy"] = {t.name: evaluate(model, t, encoder, args.eval_n, seed=1) for t in tasks}
+            for length in eval_lengths:
+                fits = {t.name: fitting_task(t, length) for t in tasks}
+                record[f"accuracy_at_{length}"] = {
+                    name: evaluate(model, t, encoder, args.eval_n, seed=1, gen_length=length)
+                    for name, t in fits.items() if t is not None
+                }
             if any(curriculum.level(t.name, step) < 1.0 for t in tasks):
                 # Progress on the sizes being trained, before the full range is reached.
                 record["accuracy_at_curriculum_sizes"] = {

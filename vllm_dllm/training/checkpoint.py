@@ -91,6 +91,11 @@ def write_checkpoint(
         max_len=max_len,
     )
     config["rope_theta"] = float(shape.get("rope_theta", config["rope_theta"]))
+    # No auto_map: with one, transformers 5.x's AutoTokenizer (which loads the config
+    # first) asks interactively whether to run configuration_llada.py.  The plugin
+    # registers the LLaDA config class itself, so vLLM needs no remote code, and
+    # AutoTokenizer falls back to the tokenizer_config's standard class.
+    config.pop("auto_map", None)
     write_json(out / "config.json", config)
     shutil.copyfile(_CONFIGS_DIR / "llada.py", out / "configuration_llada.py")
     write_json(

@@ -30,6 +30,25 @@ def task_at(name: str, level: float) -> Task:
     return full
 
 
+def fitting_task(full: Task, canvas: int) -> Task | None:
+    """The task restricted to the instances whose answer fits a canvas of `canvas`
+    positions (every answer character is one token: digits and capitals), or None when
+    none does (copy of 16-48 symbols on an 8-position canvas).  A fitting answer may
+    fill the canvas exactly, with no room for <|eot_id|>."""
+    if isinstance(full, Retrieval):
+        return full if canvas >= 2 else None
+    if isinstance(full, Addition):
+        # The sum of two numbers below 10**d has at most d + 1 digits.
+        if full.max_digits + 1 <= canvas:
+            return full
+        return Addition(canvas - 1) if canvas >= 2 else None
+    if isinstance(full, Copy):
+        if full.min_len > canvas:
+            return None
+        return type(full)(full.min_len, min(full.max_len, canvas))
+    return full if full.gen_length <= canvas else None
+
+
 class Curriculum:
     def __init__(self, names: list[str], *, linear_steps: int = 0, threshold: float = 0.0,
                  increment: float = 0.1, smoothing: float = 0.9):
