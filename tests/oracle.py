@@ -775,11 +775,17 @@ def dream_generate(
     threshold: float = 0.9,
     factor: float = 1.0,
     gamma: float = 1.0,
+    low_threshold: float = 0.3,
+    credit_alpha: float = 0.7,
+    credit_decay: float = 0.8,
+    credit_boost: float = 0.2,
     max_tokens_per_step: int = 0,
 ) -> OracleResult:
     """Dream `diffusion_generate`; decoding != "fixed" commits a parallel rule's count
     of the masked positions (`parallel_count`, at least the schedule's count) and
-    stops as soon as the canvas has no masks left."""
+    stops as soon as the canvas has no masks left.  `credit` keeps dInfer's dense
+    per-token credit over the whole canvas (one block) and adds
+    credit_alpha * log(1 + credit) to the raw logits."""
     prompt_len = len(prompt_ids)
     assert mask_id not in prompt_ids
     x = torch.tensor([list(prompt_ids) + [mask_id] * max_new_tokens], dtype=torch.long)
@@ -796,6 +802,14 @@ def dream_generate(
         logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)  # position j predicted by row j-1
         mask_logits = logits[mask_index]  # [M, V], rows in canvas order
         canvas_pos = mask_index[0].nonzero().squeeze(-1) - prompt_len  # [M]
+        if decoding == "credit":
+            if i == 0:
+                credit = torch.zeros(max_new_tokens, mask_logits.shape[-1])
+            for row, p in enumerate(canvas_pos.tolist()):
+                probs = F.softmax(mask_logits[row].float(), dim=-1)
+                credit[p] *= credit_decay
+                credit[p, int(probs.argmax())] += float(probs.max()) ** credit_boost
+                mask_logits[row] = mask_logits[row] + credit_alpha * torch.log1p(credit[p]).to(mask_logits.dtype)
         t, s = timesteps[i], timesteps[i + 1]
 
         def sample_draws(positions):
@@ -834,8 +848,9 @@ def dream_generate(
             n = int(num_mask_token)
         if decoding != "fixed":
             values = [-float(c) if decoding == "entropy_bound" else float(c) for c in confidence]
-            n = parallel_count(decoding, values, min(n, len(values)), threshold=threshold, factor=factor,
-                               gamma=gamma, max_tokens_per_step=max_tokens_per_step)
+            n = parallel_count("threshold" if decoding == "credit" else decoding, values, min(n, len(values)),
+                               threshold=threshold, factor=factor, gamma=gamma,
+                               max_tokens_per_step=max_tokens_per_step)
 
         # Confidence over the canvas only: -inf where the canvas is already decided.
         full_conf = torch.full((max_new_tokens,), -math.inf, dtype=logits.dtype)

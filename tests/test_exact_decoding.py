@@ -82,6 +82,8 @@ DREAM_CASES = [
                                                 "threshold": 0.5}),
     Case("entropy bound over a schedule of 8 steps", 9, 24, {"alg": "topk_margin", "steps": 8,
                                                              "decoding": "entropy_bound", "gamma": 20.0}),
+    Case("credit over maskgit_plus", 5, 24, {"alg": "maskgit_plus", "steps": 24, "decoding": "credit",
+                                             "threshold": 0.7}),
 ]
 
 

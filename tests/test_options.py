@@ -639,7 +639,8 @@ def test_dream_server_filter_defaults_go_through_vllm():
      "logits_eos_inf, low_threshold, max_tokens_per_step, refresh_interval, remasking, steps, threshold"),
     (dream(), {"block_length": 8},
      "unknown diffusion option 'block_length' for dream models ('block_length' is a LLaDA option); "
-     "Dream options are alg, alg_temp, decoding, eps, factor, gamma, low_threshold, max_tokens_per_step, steps, "
+     "Dream options are alg, alg_temp, credit_alpha, credit_boost, credit_decay, decoding, eps, factor, gamma, "
+     "low_threshold, max_tokens_per_step, steps, "
      "threshold, top_k, top_p"),
     (llada(), {"stepz": 8}, "unknown diffusion option 'stepz' for llada models; LLaDA options are "
      "block_length, cache, cfg_scale, confidence_eos_eot_inf, credit_alpha, credit_boost, credit_decay, decoding, "

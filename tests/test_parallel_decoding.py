@@ -63,7 +63,9 @@ def test_commit_counts_match_the_definitions(seed):
         torch.tensor([parallel.DECODING_RULES.index(c["rule"]) for c in cases]),
         t("floor", torch.long),
         torch.tensor([len(c["values"]) for c in cases]),
-        threshold=t("threshold"), factor=t("factor"), gamma=t("gamma"), max_tokens_per_step=t("cap", torch.long),
+        parallel.RowParameters(threshold=t("threshold"), factor=t("factor"), gamma=t("gamma"),
+                               low_threshold=torch.zeros(rows)),
+        t("cap", torch.long),
     )
     expected = [
         reference_count(c["rule"], c["values"], c["floor"], threshold=float(torch.tensor(c["threshold"], dtype=torch.float32)),
@@ -79,18 +81,26 @@ def test_rules_differ_on_designed_confidences():
     rule (f = 1: bounds 0.5, 0.67, 0.75, 0.8) three; a floor of two lifts the first."""
     ordered = torch.tensor([[0.95, 0.80, 0.78, 0.10]] * 3, dtype=torch.float64)
     one = torch.ones(3)
+    rows = parallel.RowParameters(threshold=0.9 * one, factor=one, gamma=one, low_threshold=0 * one)
     counts = parallel.commit_counts(
         ordered, torch.tensor([parallel.THRESHOLD, parallel.FACTOR, parallel.THRESHOLD]), torch.tensor([1, 1, 2]),
-        torch.tensor([4, 4, 4]), threshold=0.9 * one, factor=one, gamma=one, max_tokens_per_step=torch.zeros(3, dtype=torch.long),
+        torch.tensor([4, 4, 4]), rows, torch.zeros(3, dtype=torch.long),
     )
     assert counts.tolist() == [1, 3, 2]
     # Entropies 0.1, 0.3, 0.5, 0.9 (keys are their negations): gamma 0.5 admits two.
     entropies = -torch.tensor([[0.1, 0.3, 0.5, 0.9]], dtype=torch.float64)
+    one = torch.ones(1)
     count = parallel.commit_counts(
         entropies, torch.tensor([parallel.ENTROPY_BOUND]), torch.tensor([1]), torch.tensor([4]),
-        threshold=torch.ones(1), factor=torch.ones(1), gamma=0.5 * torch.ones(1), max_tokens_per_step=torch.zeros(1, dtype=torch.long),
+        parallel.RowParameters(threshold=one, factor=one, gamma=0.5 * one, low_threshold=0 * one),
+        torch.zeros(1, dtype=torch.long),
     )
     assert count.tolist() == [2]
+
+
+def test_rules_are_found_by_name():
+    assert [parallel.rule_named(name).name for name in parallel.DECODING_RULES[1:]] == list(parallel.DECODING_RULES[1:])
+    assert parallel.rule_named("entropy_bound").ranks_by_entropy and parallel.rule_named("credit").carries_credit
 
 
 def parallel_opts(decoding, gen=16, block=8, steps=None, **params):
@@ -300,8 +310,7 @@ def test_dream_decodes_in_parallel_over_confidence_ranking_algs_only():
     assert (options.decoding, options.threshold) == ("threshold", 0.5)
     with pytest.raises(OptionError, match="cannot be combined with alg 'origin'"):
         res(dream(), {"decoding": "threshold"}, max_tokens=16)  # origin is Dream's default alg
-    with pytest.raises(OptionError, match="'credit' is implemented for LLaDA models only"):
-        res(dream(), {"decoding": "credit", "alg": "maskgit_plus"}, max_tokens=16)
+    assert res(dream(), {"decoding": "credit", "alg": "maskgit_plus", "credit_alpha": 1.0}, max_tokens=16).credit_alpha == 1.0
     with pytest.raises(OptionError, match="cannot be combined with alg_temp"):
         res(dream(), {"decoding": "factor", "alg": "entropy", "alg_temp": 0.5}, max_tokens=16)
 

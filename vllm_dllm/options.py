@@ -40,7 +40,7 @@ class ParallelDecodingOptions:
     factor: float = 1.0  # factor
     gamma: float = 1.0  # entropy_bound
     low_threshold: float = 0.3  # hierarchy
-    credit_alpha: float = 0.7  # credit (LLaDA only)
+    credit_alpha: float = 0.7  # credit
     credit_decay: float = 0.8
     credit_boost: float = 0.2
     max_tokens_per_step: int = 0  # every parallel rule; 0: no cap
@@ -122,8 +122,7 @@ _REQUEST_KEYS: dict[str, dict[str, tuple[type, ...]]] = {
         # there: extra_args is the route that survives (see resolve()).
         "top_k": (int,),
         "top_p": (int, float),
-        # Credit decoding is LLaDA's only (resolve() says so for 'decoding').
-        **{key: types for key, types in _PARALLEL_KEYS.items() if not key.startswith("credit_")},
+        **_PARALLEL_KEYS,
     },
 }
 
@@ -549,9 +548,6 @@ def resolve(
             f"(max_tokens={gen_length})"
         )
     _check_decoding(merged, request, "")
-    if merged["decoding"] == "credit":
-        raise OptionError("decoding 'credit' is implemented for LLaDA models only; Dream offers "
-                          + _one_of(tuple(r for r in DECODING_RULES if r != "credit")))
     alg_temp = merged.get("alg_temp")
     dream_top_k = _dream_filter("top_k", request, top_k, defaults)
     dream_top_p = _dream_filter("top_p", request, top_p, defaults)

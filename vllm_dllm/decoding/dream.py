@@ -107,6 +107,7 @@ class DreamRule(parallel.ParallelDecoding, BatchedRule):
     def reduce(self, logits, slots, positions):
         state = self.state
         temperature = state.temperature[slots]
+        logits = self.parallel.fuse_credit(slots, positions, logits)
         scaled = temperature > 0
         logits = logits / torch.where(scaled, temperature, 1.0)[:, None]
         if self.filtered:

@@ -1,10 +1,13 @@
 """Parallel decoding: how many of a block's candidates to commit at a step, decided
 from the model's confidences instead of a fixed schedule.
 
-Each function takes every request's ranking keys sorted descending ([R, width],
-candidates first, non-candidates at -inf) and per-request parameters, and returns
-the number of candidates each request commits.  Rules, from their published
-definitions:
+Each rule is a small class (ParallelRule) registered under its `decoding` name: from
+every request's ranking keys sorted descending ([R, width], candidates first,
+non-candidates at -inf) and per-request parameters it returns the number of
+candidates each request commits; a rule may also rerank the candidates or add credit
+to the logits.  A batch may mix rules: each present rule computes its count for the
+batch and its requests take it (a constant number of ops per rule present).  Rules,
+from their published definitions:
 
   threshold      Fast-dLLM (Wu et al. 2025, "Fast-dLLM: Training-free Acceleration of
                  Diffusion LLM by Enabling KV Cache and Parallel Decoding", sec. 3.3):
@@ -46,6 +49,8 @@ as it has no masks left.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -98,33 +103,108 @@ def hierarchy_selection(candidates: torch.Tensor, confidence: torch.Tensor, thre
     return (best_of_run & (conf > low_threshold[:, None].double())) | (candidates & (conf > threshold[:, None].double()))
 
 
+@dataclass
+class RowParameters:
+    """The rules' parameters for the requests of a step, one entry per request."""
+
+    threshold: torch.Tensor
+    factor: torch.Tensor
+    gamma: torch.Tensor
+    low_threshold: torch.Tensor
+
+
+class ParallelRule:
+    """One parallel decoding rule, found by its name (the `decoding` option): how many
+    of a request's ranked candidates it commits, and optionally how it ranks them."""
+
+    name = ""
+    ranks_by_entropy = False  # its ranking key is a candidate's negated entropy
+    carries_credit = False  # its logits carry per-token credit (ParallelParams.fuse_credit)
+    reranks = False  # it changes the ranking keys (`keys`)
+
+    def keys(self, candidates: torch.Tensor, keys: torch.Tensor, rows: RowParameters) -> torch.Tensor:
+        return keys
+
+    def count(self, ordered: torch.Tensor, rows: RowParameters) -> torch.Tensor:
+        raise NotImplementedError
+
+
+_RULES: dict[str, ParallelRule] = {}
+
+
+def register(cls: type[ParallelRule]) -> type[ParallelRule]:
+    _RULES[cls.name] = cls()
+    return cls
+
+
+def rule_named(name: str) -> ParallelRule:
+    return _RULES[name]
+
+
+@register
+class Threshold(ParallelRule):
+    name = "threshold"
+
+    def count(self, ordered, rows):
+        return by_threshold(ordered, rows.threshold)
+
+
+@register
+class Factor(ParallelRule):
+    name = "factor"
+
+    def count(self, ordered, rows):
+        return by_factor(ordered, rows.factor)
+
+
+@register
+class EntropyBound(ParallelRule):
+    name = "entropy_bound"
+    ranks_by_entropy = True
+
+    def count(self, ordered, rows):
+        return by_entropy_bound(ordered, rows.gamma)
+
+
+@register
+class Hierarchy(ParallelRule):
+    name = "hierarchy"
+    reranks = True
+
+    def keys(self, candidates, keys, rows):
+        selected = hierarchy_selection(candidates, keys, rows.threshold, rows.low_threshold)
+        return torch.where(selected, keys.double() + SELECTED, keys.double())
+
+    def count(self, ordered, rows):
+        return by_selection(ordered)
+
+
+@register
+class Credit(Threshold):
+    name = "credit"
+    carries_credit = True
+
+
 def commit_counts(
     ordered: torch.Tensor,
-    rule: torch.Tensor,
+    codes: torch.Tensor,
     floor: torch.Tensor,
     candidates: torch.Tensor,
-    *,
-    threshold: torch.Tensor,
-    factor: torch.Tensor,
-    gamma: torch.Tensor,
+    rows: RowParameters,
     max_tokens_per_step: torch.Tensor,
+    present: list[str] | None = None,
 ) -> torch.Tensor:
     """Candidates each request commits: `floor` (the fixed schedule's count) for
-    FIXED rows; for the others the rule's count (at least one, at most
-    `max_tokens_per_step` when > 0), never below the floor nor above `candidates`."""
-    decided = torch.where(
-        (rule == THRESHOLD) | (rule == CREDIT),
-        by_threshold(ordered, threshold),
-        torch.where(
-            rule == FACTOR,
-            by_factor(ordered, factor),
-            torch.where(rule == HIERARCHY, by_selection(ordered), by_entropy_bound(ordered, gamma)),
-        ),
-    )
+    FIXED rows; for the others their rule's count (at least one, at most
+    `max_tokens_per_step` when > 0), never below the floor nor above `candidates`.
+    `present`: the rules some request uses (default: all)."""
+    decided = torch.ones_like(floor)
+    for name in present if present is not None else _RULES:
+        decided = torch.where(codes == DECODING_RULES.index(name), _RULES[name].count(ordered, rows), decided)
     decided = decided.clamp(min=1)
     decided = torch.where(max_tokens_per_step > 0, torch.minimum(decided, max_tokens_per_step), decided)
     count = torch.minimum(torch.maximum(decided, floor), candidates)
-    return torch.where(rule == FIXED, floor, count)
+    return torch.where(codes == FIXED, floor, count)
 
 
 def entropy(probs: torch.Tensor) -> torch.Tensor:
@@ -159,7 +239,8 @@ class ParallelParams:
         self.rule_host = np.zeros(capacity, dtype=np.int64)
         self.active = False  # some request of this step decodes in parallel
         self.ranks_by_entropy = False  # some request of this step uses entropy_bound
-        self.selects = False  # some request of this step uses a set-based rule
+        self.selects = False  # some request of this step uses a rule that reranks
+        self.present: list[str] = []  # the parallel rules of this step's requests
 
     def admit(self, slot: int, options) -> None:
         code = DECODING_RULES.index(options.decoding)
@@ -173,7 +254,7 @@ class ParallelParams:
         self.credit_alpha[slot] = getattr(options, "credit_alpha", 0.0)
         self.credit_decay[slot] = getattr(options, "credit_decay", 0.0)
         self.credit_boost[slot] = getattr(options, "credit_boost", 1.0)
-        if code == CREDIT:
+        if _RULES.get(options.decoding) is not None and _RULES[options.decoding].carries_credit:
             if self.credit_tokens is None:
                 shape = (len(self.rule), self.max_gen, CREDIT_SLOTS)
                 self.credit_tokens = torch.full(shape, -1, dtype=torch.long, device=self.rule.device)
@@ -182,11 +263,21 @@ class ParallelParams:
             self.credit_values[slot] = 0.0
 
     def prepare(self, slots_host) -> None:
-        rules = self.rule_host[np.asarray(slots_host)]
-        self.active = bool((rules != FIXED).any())
-        self.ranks_by_entropy = bool((rules == ENTROPY_BOUND).any())
-        self.selects = bool((rules == HIERARCHY).any())
-        self.credits = bool((rules == CREDIT).any())
+        codes = np.unique(self.rule_host[np.asarray(slots_host)])
+        self.present = [DECODING_RULES[code] for code in codes if code != FIXED]
+        rules = [_RULES[name] for name in self.present]
+        self.active = bool(rules)
+        self.ranks_by_entropy = any(rule.ranks_by_entropy for rule in rules)
+        self.credits = any(rule.carries_credit for rule in rules)
+        self.selects = any(rule.reranks for rule in rules)
+
+    def _rows_of(self, slots: torch.Tensor, flag: str) -> torch.Tensor:
+        """bool per request: its rule has `flag` set."""
+        codes = [DECODING_RULES.index(name) for name in self.present if getattr(_RULES[name], flag)]
+        return torch.isin(self.rule[slots], torch.tensor(codes, device=slots.device))
+
+    def row_parameters(self, slots: torch.Tensor) -> RowParameters:
+        return RowParameters(self.threshold[slots], self.factor[slots], self.gamma[slots], self.low_threshold[slots])
 
     def fuse_credit(self, slots: torch.Tensor, positions: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """Credit requests' logits with their positions' credit added, after this
@@ -194,7 +285,7 @@ class ParallelParams:
         once per step)."""
         if not self.credits:
             return logits
-        uses = self.rule[slots] == CREDIT
+        uses = self._rows_of(slots, "carries_credit")
         tokens = self.credit_tokens[slots, positions]  # [N, K]
         values = self.credit_values[slots, positions] * self.credit_decay[slots, None]
         top_p, top = torch.softmax(logits.float(), dim=-1).max(dim=-1)
@@ -214,23 +305,26 @@ class ParallelParams:
         """entropy_bound requests rank their candidates by negated entropy."""
         if not self.ranks_by_entropy:
             return confidence
-        return torch.where(self.rule[slots] == ENTROPY_BOUND, -entropy(probs).to(confidence.dtype), confidence)
+        return torch.where(self._rows_of(slots, "ranks_by_entropy"), -entropy(probs).to(confidence.dtype), confidence)
 
     def ranking_keys(self, slots: torch.Tensor, plan, keys: torch.Tensor) -> torch.Tensor:
-        """Keys of set-based rules' requests: the selected positions first."""
+        """Keys of the requests whose rule reranks (hierarchy: its selection first)."""
         if not self.selects:
             return keys
-        selected = hierarchy_selection(plan.candidates, keys, self.threshold[slots], self.low_threshold[slots])
-        selected &= (self.rule[slots] == HIERARCHY)[:, None]
-        return torch.where(selected, keys.double() + SELECTED, keys.double())
+        rows = self.row_parameters(slots)
+        for name in self.present:
+            rule = _RULES[name]
+            if rule.reranks:
+                mine = self.rule[slots] == DECODING_RULES.index(name)
+                keys = torch.where(mine[:, None], rule.keys(plan.candidates, keys, rows), keys.double())
+        return keys
 
     def counts(self, slots: torch.Tensor, plan, ordered_keys: torch.Tensor) -> torch.Tensor:
         if not self.active:
             return plan.count
         return commit_counts(
-            ordered_keys, self.rule[slots], plan.count, plan.candidates.sum(dim=1),
-            threshold=self.threshold[slots], factor=self.factor[slots], gamma=self.gamma[slots],
-            max_tokens_per_step=self.max_tokens_per_step[slots],
+            ordered_keys, self.rule[slots], plan.count, plan.candidates.sum(dim=1), self.row_parameters(slots),
+            self.max_tokens_per_step[slots], self.present,
         )
 
     def block_emptied(self, slots: torch.Tensor, plan, masked: torch.Tensor) -> torch.Tensor:
