@@ -3,7 +3,9 @@ cost does not grow with per-request Python (counted torch ops per step)."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
+
 import numpy as np
 import pytest
 import torch
@@ -57,6 +59,10 @@ def add_requests(engine, count, options, prompt_len=20, first_block=1):
     (llada(cache="dual"), 1),  # first step Refresh, the second a Reuse of every request
     (llada(cache="none"), 0),  # Refresh every step
     (llada(cache="dual", cfg=1.0), 1),  # classifier-free guidance: twin sequences
+    # Parallel decoding: counts from confidences, a reranking rule, per-token credit.
+    (dataclasses.replace(llada(cache="dual"), decoding="threshold", threshold=0.5), 1),
+    (dataclasses.replace(llada(cache="dual"), decoding="hierarchy", threshold=0.5, low_threshold=0.1), 1),
+    (dataclasses.replace(llada(cache="dual", T=0.7), decoding="credit"), 1),
 ])
 def test_step_op_count_does_not_grow_with_requests(options, warmup):
     counts = {}
