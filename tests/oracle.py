@@ -377,8 +377,8 @@ class OracleResult:
     tokens: list[int]  # the whole generated canvas, prompt excluded
     ties: int  # selections decided by an exact tie (top-k cut or T=0 argmax)
     steps_run: int
-    # LLaDA only (empty for Dream): per step "refresh" or "reuse", and the number of query
-    # positions of that step's forward, the CFG twin included.
+    # Per step "refresh" or "reuse" (both models), and the number of query positions of
+    # that step's forward, the CFG twin included (LLaDA only).
     phases: list[str] = field(default_factory=list)
     query_tokens: list[int] = field(default_factory=list)
 
@@ -780,96 +780,129 @@ def dream_generate(
     credit_decay: float = 0.8,
     credit_boost: float = 0.2,
     max_tokens_per_step: int = 0,
+    block_length: int | None = None,
+    cache: str = "none",
+    refresh_interval: int = 0,
+    delay_step: int = 0,
 ) -> OracleResult:
     """Dream `diffusion_generate`; decoding != "fixed" commits a parallel rule's count
     of the masked positions (`parallel_count`, at least the schedule's count) and
     stops as soon as the canvas has no masks left.  `credit` keeps dInfer's dense
     per-token credit over the whole canvas (one block) and adds
-    credit_alpha * log(1 + credit) to the raw logits."""
+    credit_alpha * log(1 + credit) to the raw logits.
+
+    block_length: the canvas decoded block by block, Dream's rule and schedule (over
+    steps / blocks steps) within each block; cache prefix/dual as for LLaDA, a Reuse
+    also running the position before the block (its row predicts the block's first
+    position)."""
     prompt_len = len(prompt_ids)
     assert mask_id not in prompt_ids
     x = torch.tensor([list(prompt_ids) + [mask_id] * max_new_tokens], dtype=torch.long)
-    timesteps = torch.linspace(1, eps, steps + 1)
+    num_blocks = max_new_tokens // (block_length or max_new_tokens)
+    steps_per_block = steps // num_blocks
+    block_length = max_new_tokens // num_blocks
+    timesteps = torch.linspace(1, eps, steps_per_block + 1)
+    seq_len = prompt_len + max_new_tokens
+    kv_cache = None  # per layer (K, V) of the last Refresh
+    phases: list[str] = []
     ties = 0
 
     steps_run = 0
-    for i in range(steps):
-        mask_index = x == mask_id
-        if decoding != "fixed" and not bool(mask_index.any()):
-            break
-        steps_run += 1
-        logits = model.forward(x)
-        logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)  # position j predicted by row j-1
-        mask_logits = logits[mask_index]  # [M, V], rows in canvas order
-        canvas_pos = mask_index[0].nonzero().squeeze(-1) - prompt_len  # [M]
-        if decoding == "credit":
-            if i == 0:
-                credit = torch.zeros(max_new_tokens, mask_logits.shape[-1])
-            for row, p in enumerate(canvas_pos.tolist()):
-                probs = F.softmax(mask_logits[row].float(), dim=-1)
-                credit[p] *= credit_decay
-                credit[p, int(probs.argmax())] += float(probs.max()) ** credit_boost
-                mask_logits[row] = mask_logits[row] + credit_alpha * torch.log1p(credit[p]).to(mask_logits.dtype)
-        t, s = timesteps[i], timesteps[i + 1]
-
-        def sample_draws(positions):
-            return torch.cat([uniform64(seed, i, int(p), STREAM_SAMPLE) for p in positions])
-
-        if alg == "origin":
-            p_transfer = 1 - s / t if i < steps - 1 else 1
-            flip = torch.tensor(
-                [bool(torch.tensor(uniform32(seed, i, int(p), STREAM_FLIP)) < p_transfer)
-                 for p in canvas_pos],
-                dtype=torch.bool,
-            )
-            x0 = torch.full((mask_logits.shape[0],), mask_id, dtype=torch.long)
-            if bool(flip.any()):
-                _, chosen, tied = dream_sample_tokens(
-                    mask_logits[flip], temperature, top_p, top_k,
-                    draws=sample_draws(canvas_pos[flip]) if temperature > 0 else None,
-                )
-                x0[flip] = chosen
-                ties += int(tied.sum())
-            x[mask_index] = x0
-            continue
-
-        if alg not in ("maskgit_plus", "topk_margin", "entropy"):
-            raise RuntimeError(f"Unknown alg: {alg}")
-        confidence, x0, tied = dream_sample_tokens(
-            mask_logits, temperature, top_p, top_k,
-            margin_confidence=alg == "topk_margin",
-            neg_entropy=alg == "entropy" or decoding == "entropy_bound",
-            draws=sample_draws(canvas_pos) if temperature > 0 else None,
-        )
-        num_mask_token = mask_index.sum() / mask_index.shape[0]  # float32 tensor
-        if i < steps - 1:
-            n = int(num_mask_token * (1 - s / t))
-        else:
-            n = int(num_mask_token)
-        if decoding != "fixed":
-            values = [-float(c) if decoding == "entropy_bound" else float(c) for c in confidence]
-            n = parallel_count("threshold" if decoding == "credit" else decoding, values, min(n, len(values)),
-                               threshold=threshold, factor=factor, gamma=gamma,
-                               max_tokens_per_step=max_tokens_per_step)
-
-        # Confidence over the canvas only: -inf where the canvas is already decided.
-        full_conf = torch.full((max_new_tokens,), -math.inf, dtype=logits.dtype)
-        full_conf[canvas_pos] = confidence.to(logits.dtype)
-        proposal = torch.full((max_new_tokens,), mask_id, dtype=torch.long)
-        proposal[canvas_pos] = x0
-        tied_at = torch.zeros(max_new_tokens, dtype=torch.bool)
-        tied_at[canvas_pos] = tied
-
-        if n > 0:
-            if alg_temp is None or alg_temp == 0:
-                _, select = torch.topk(full_conf, n)
-                ties += int(_cut_is_tied(full_conf, n))
+    for block in range(num_blocks):
+        block_start = prompt_len + block * block_length
+        block_end = block_start + block_length
+        for k in range(steps_per_block):
+            mask_index = x == mask_id
+            mask_index[:, :block_start] = False
+            mask_index[:, block_end:] = False
+            if decoding != "fixed" and not bool(mask_index.any()):
+                break
+            i = steps_run  # the step's index over the whole request (the draws' key)
+            steps_run += 1
+            refresh = cache == "none" or is_refresh_step(k, kv_cache is not None, refresh_interval, delay_step)
+            if cache == "none":
+                logits = model.forward(x)
+            elif refresh:
+                logits, kv_cache = model.forward_queries(x, None, None, return_kv=True)
             else:
-                # Gumbel-top-k over confidence / alg_temp: multinomial without replacement.
-                u = torch.cat([uniform64(seed, i, p, STREAM_SELECT) for p in range(max_new_tokens)])
-                keys = (full_conf / alg_temp).double() - torch.log(-torch.log(u))
-                _, select = torch.topk(keys, n)
-            ties += int(tied_at[select].sum())
-            x[0, prompt_len + select] = proposal[select]
+                # Position j is predicted from row j - 1: the row before the block too.
+                lo = block_start - 1
+                hi = block_end if cache == "dual" else seq_len
+                out, _ = model.forward_queries(x, torch.arange(lo, hi), kv_cache)
+                logits = torch.zeros(1, seq_len, out.shape[-1], dtype=out.dtype)
+                logits[:, lo:hi] = out
+            phases.append("refresh" if refresh else "reuse")
+            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)  # position j predicted by row j-1
+            mask_logits = logits[mask_index]  # [M, V], rows in canvas order
+            canvas_pos = mask_index[0].nonzero().squeeze(-1) - prompt_len  # [M]
+            if decoding == "credit":
+                if k == 0:
+                    credit = torch.zeros(max_new_tokens, mask_logits.shape[-1])
+                for row, p in enumerate(canvas_pos.tolist()):
+                    probs = F.softmax(mask_logits[row].float(), dim=-1)
+                    credit[p] *= credit_decay
+                    credit[p, int(probs.argmax())] += float(probs.max()) ** credit_boost
+                    mask_logits[row] = mask_logits[row] + credit_alpha * torch.log1p(credit[p]).to(mask_logits.dtype)
+            t, s = timesteps[k], timesteps[k + 1]
 
-    return OracleResult(tokens=x[0, prompt_len:].tolist(), ties=ties, steps_run=steps_run)
+            def sample_draws(positions):
+                return torch.cat([uniform64(seed, i, int(p), STREAM_SAMPLE) for p in positions])
+
+            if alg == "origin":
+                p_transfer = 1 - s / t if k < steps_per_block - 1 else 1
+                flip = torch.tensor(
+                    [bool(torch.tensor(uniform32(seed, i, int(p), STREAM_FLIP)) < p_transfer)
+                     for p in canvas_pos],
+                    dtype=torch.bool,
+                )
+                x0 = torch.full((mask_logits.shape[0],), mask_id, dtype=torch.long)
+                if bool(flip.any()):
+                    _, chosen, tied = dream_sample_tokens(
+                        mask_logits[flip], temperature, top_p, top_k,
+                        draws=sample_draws(canvas_pos[flip]) if temperature > 0 else None,
+                    )
+                    x0[flip] = chosen
+                    ties += int(tied.sum())
+                x[mask_index] = x0
+                continue
+
+            if alg not in ("maskgit_plus", "topk_margin", "entropy"):
+                raise RuntimeError(f"Unknown alg: {alg}")
+            confidence, x0, tied = dream_sample_tokens(
+                mask_logits, temperature, top_p, top_k,
+                margin_confidence=alg == "topk_margin",
+                neg_entropy=alg == "entropy" or decoding == "entropy_bound",
+                draws=sample_draws(canvas_pos) if temperature > 0 else None,
+            )
+            num_mask_token = mask_index.sum() / mask_index.shape[0]  # float32 tensor
+            if k < steps_per_block - 1:
+                n = int(num_mask_token * (1 - s / t))
+            else:
+                n = int(num_mask_token)
+            if decoding != "fixed":
+                values = [-float(c) if decoding == "entropy_bound" else float(c) for c in confidence]
+                n = parallel_count("threshold" if decoding == "credit" else decoding, values, min(n, len(values)),
+                                   threshold=threshold, factor=factor, gamma=gamma,
+                                   max_tokens_per_step=max_tokens_per_step)
+
+            # Confidence over the canvas only: -inf where the canvas is already decided.
+            full_conf = torch.full((max_new_tokens,), -math.inf, dtype=logits.dtype)
+            full_conf[canvas_pos] = confidence.to(logits.dtype)
+            proposal = torch.full((max_new_tokens,), mask_id, dtype=torch.long)
+            proposal[canvas_pos] = x0
+            tied_at = torch.zeros(max_new_tokens, dtype=torch.bool)
+            tied_at[canvas_pos] = tied
+
+            if n > 0:
+                if alg_temp is None or alg_temp == 0:
+                    _, select = torch.topk(full_conf, n)
+                    ties += int(_cut_is_tied(full_conf, n))
+                else:
+                    # Gumbel-top-k over confidence / alg_temp: multinomial without replacement.
+                    u = torch.cat([uniform64(seed, i, p, STREAM_SELECT) for p in range(max_new_tokens)])
+                    keys = (full_conf / alg_temp).double() - torch.log(-torch.log(u))
+                    _, select = torch.topk(keys, n)
+                ties += int(tied_at[select].sum())
+                x[0, prompt_len + select] = proposal[select]
+
+    return OracleResult(tokens=x[0, prompt_len:].tolist(), ties=ties, steps_run=steps_run, phases=phases)

@@ -64,6 +64,7 @@ LLADA_CASES = [
                                                     "threshold": 0.5, "credit_alpha": 0.7}, temperature=0.5, seed=8),
 ]
 
+BLOCK_KEYS = ("block_length", "refresh_interval", "delay_step")
 PARALLEL_KEYS = ("cache", "decoding", "threshold", "factor", "gamma", "low_threshold", "max_tokens_per_step",
                  "credit_alpha", "credit_decay", "credit_boost")
 
@@ -84,6 +85,15 @@ DREAM_CASES = [
                                                              "decoding": "entropy_bound", "gamma": 20.0}),
     Case("credit over maskgit_plus", 5, 24, {"alg": "maskgit_plus", "steps": 24, "decoding": "credit",
                                              "threshold": 0.7}),
+    # Blocks and KV reuse: Dream's rule within each block; a Reuse also runs the
+    # position before the block (its row predicts the block's first position).
+    Case("blocks of 8", 6, 24, {"alg": "maskgit_plus", "steps": 24, "block_length": 8}),
+    Case("dual cache", 7, 24, {"alg": "topk_margin", "steps": 24, "block_length": 8, "cache": "dual"}),
+    Case("prefix cache, refresh every 3, threshold", 5, 24,
+         {"alg": "maskgit_plus", "steps": 24, "block_length": 8, "cache": "prefix", "refresh_interval": 3,
+          "decoding": "threshold", "threshold": 0.5}),
+    Case("dual cache, origin sampled, delayed fill", 8, 24,
+         {"steps": 12, "block_length": 8, "cache": "dual", "delay_step": 1}, temperature=0.8, seed=3),
 ]
 
 
@@ -120,7 +130,7 @@ def oracle_tokens(model, tokenizer_ids, arch: str, prompt: list[int], case: Case
             top_k=case.top_k if case.top_k > 0 else None,
             mask_id=tokenizer_ids["mask"],
             seed=case.seed or 0,
-            **{key: case.extra[key] for key in PARALLEL_KEYS if key in case.extra and key != "cache"},
+            **{key: case.extra[key] for key in (*PARALLEL_KEYS, *BLOCK_KEYS) if key in case.extra},
         )
     return oracle.trim_at_eos(result.tokens, tokenizer_ids["eos"]), result.ties
 

@@ -170,8 +170,8 @@ def test_unknown_request_key_names_the_key(kind):
 
 
 def test_kind_specific_keys_are_unknown_for_the_other_kind():
-    with pytest.raises(OptionError, match="block_length"):
-        res(dream(), {"block_length": 16})
+    with pytest.raises(OptionError, match="remasking"):
+        res(dream(), {"remasking": "random"})
     with pytest.raises(OptionError, match="'alg'"):
         res(llada(), {"alg": "entropy"})
     with pytest.raises(OptionError, match="eps"):
@@ -637,10 +637,10 @@ def test_dream_server_filter_defaults_go_through_vllm():
      "block_length, cache, cfg_scale, confidence_eos_eot_inf, credit_alpha, credit_boost, credit_decay, decoding, "
      "delay_step, factor, gamma, "
      "logits_eos_inf, low_threshold, max_tokens_per_step, refresh_interval, remasking, steps, threshold"),
-    (dream(), {"block_length": 8},
-     "unknown diffusion option 'block_length' for dream models ('block_length' is a LLaDA option); "
-     "Dream options are alg, alg_temp, credit_alpha, credit_boost, credit_decay, decoding, eps, factor, gamma, "
-     "low_threshold, max_tokens_per_step, steps, "
+    (dream(), {"cfg_scale": 1.0},
+     "unknown diffusion option 'cfg_scale' for dream models ('cfg_scale' is a LLaDA option); "
+     "Dream options are alg, alg_temp, block_length, cache, credit_alpha, credit_boost, credit_decay, decoding, "
+     "delay_step, eps, factor, gamma, low_threshold, max_tokens_per_step, refresh_interval, steps, "
      "threshold, top_k, top_p"),
     (llada(), {"stepz": 8}, "unknown diffusion option 'stepz' for llada models; LLaDA options are "
      "block_length, cache, cfg_scale, confidence_eos_eot_inf, credit_alpha, credit_boost, credit_decay, decoding, "

@@ -883,3 +883,23 @@ def test_llada_cache_rejects_masked_prompt(llada):
     args = dict(gen_length=8, steps=8, block_length=4, mask_id=MASK, eos_id=EOS, eot_id=EOT)
     with pytest.raises(AssertionError):
         llada_generate(llada, PROMPT[:3] + [MASK] + PROMPT[3:], cache="dual", **args)
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+@pytest.mark.parametrize("kw", [
+    dict(alg="maskgit_plus"),
+    dict(alg="origin", temperature=0.7, seed=2),
+    dict(alg="entropy", decoding="threshold", threshold=0.2),
+])
+def test_dream_cache_refreshing_every_step_equals_the_block_loop(dream, cache, kw):
+    """Dream in blocks: a cache refreshed at every step is the uncached block loop's
+    computation (DESIGN: the test Fast-dLLM's own Dream cache loop fails)."""
+    base = _dream(dream, max_new_tokens=16, steps=16, block_length=8, **kw)
+    res = _dream(dream, max_new_tokens=16, steps=16, block_length=8, cache=cache, refresh_interval=1, **kw)
+    assert res.phases == ["refresh"] * res.steps_run
+    assert res == base
+
+
+def test_dream_one_block_is_the_reference(dream):
+    assert _dream(dream, max_new_tokens=16, steps=16, alg="maskgit_plus", block_length=16) == _dream(
+        dream, max_new_tokens=16, steps=16, alg="maskgit_plus")

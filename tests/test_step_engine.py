@@ -122,6 +122,7 @@ def test_batch_phases_match_the_scheduler_phase(seed):
         has_cache=t([r[3] for r in rows]),
         policy=t([CACHE_POLICIES.index(r[0].cache) for r in rows]),
         block_length=t([r[0].block_length for r in rows]),
+        lead=t([0] * len(rows)),
         delay_step=t([r[0].delay_step for r in rows]),
         refresh_interval=t([r[0].refresh_interval for r in rows]),
     ))

@@ -83,6 +83,20 @@ class DreamOptions(ParallelDecodingOptions):
     temperature: float
     top_p: float | None
     top_k: int | None
+    # KV reuse over the canvas split into blocks, Dream's rule (alg, schedule, filters)
+    # inside each block; None: one block, the reference's whole-canvas decoding.
+    block_length: int | None = None
+    cache: str = "none"
+    refresh_interval: int = 0
+    delay_step: int = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return self.gen_length // (self.block_length or self.gen_length)
+
+    @property
+    def steps_per_block(self) -> int:
+        return self.steps // self.num_blocks
 
     @property
     def uses_cfg(self) -> bool:
@@ -122,6 +136,10 @@ _REQUEST_KEYS: dict[str, dict[str, tuple[type, ...]]] = {
         # there: extra_args is the route that survives (see resolve()).
         "top_k": (int,),
         "top_p": (int, float),
+        "block_length": (int,),
+        "cache": (str,),
+        "refresh_interval": (int,),
+        "delay_step": (int,),
         **_PARALLEL_KEYS,
     },
 }
@@ -164,6 +182,9 @@ PAPER_DEFAULTS: dict[str, dict[str, Any]] = {
         "eps": 1e-3,
         "alg": "origin",
         "alg_temp": None,
+        "cache": "none",
+        "refresh_interval": 0,
+        "delay_step": 0,
         **PARALLEL_DEFAULTS,
     },
 }
@@ -446,6 +467,32 @@ def _check_decoding(merged: dict[str, Any], given: dict[str, Any], prefix: str) 
     )
 
 
+def _block_length(merged: dict[str, Any], request: dict[str, Any], gen_length: int, steps: int) -> int:
+    """The canvas's block length, checked against the generation length, the steps
+    and delay_step.  An unset block length that does not divide the generation falls
+    back to one block: the request did not ask for semi-autoregressive decoding."""
+    block_length = merged.get("block_length", gen_length)
+    if "block_length" not in request and gen_length % block_length:
+        block_length = gen_length
+    if gen_length % block_length:
+        raise OptionError(
+            f"generation length (max_tokens={gen_length}) must be a multiple "
+            f"of block_length={block_length}"
+        )
+    num_blocks = gen_length // block_length
+    if steps % num_blocks:
+        raise OptionError(
+            f"steps={steps} must be divisible by the number of blocks "
+            f"({num_blocks} = max_tokens {gen_length} / block_length {block_length})"
+        )
+    if merged["delay_step"] >= steps // num_blocks:
+        raise OptionError(
+            f"delay_step={merged['delay_step']} must be smaller than the steps per block "
+            f"({steps // num_blocks})"
+        )
+    return block_length
+
+
 def _parallel_options(merged: dict[str, Any]) -> dict[str, Any]:
     """The parallel-decoding fields, typed as ParallelDecodingOptions declares them."""
     return {
@@ -504,27 +551,7 @@ def resolve(
             steps = gen_length  # a server/generation_config default: the same tokens
         _check_cache_knobs(merged, request, "")
         _check_decoding(merged, request, "")
-        # An unset block length that does not divide the generation falls back to
-        # one block: the request did not ask for semi-autoregressive decoding.
-        block_length = merged.get("block_length", gen_length)
-        if "block_length" not in request and gen_length % block_length:
-            block_length = gen_length
-        if gen_length % block_length:
-            raise OptionError(
-                f"generation length (max_tokens={gen_length}) must be a multiple "
-                f"of block_length={block_length}"
-            )
-        num_blocks = gen_length // block_length
-        if steps % num_blocks:
-            raise OptionError(
-                f"steps={steps} must be divisible by the number of blocks "
-                f"({num_blocks} = max_tokens {gen_length} / block_length {block_length})"
-            )
-        if merged["delay_step"] >= steps // num_blocks:
-            raise OptionError(
-                f"delay_step={merged['delay_step']} must be smaller than the steps per block "
-                f"({steps // num_blocks})"
-            )
+        block_length = _block_length(merged, request, gen_length, steps)
         return LLaDAOptions(
             cache=merged["cache"],
             refresh_interval=merged["refresh_interval"],
@@ -547,7 +574,9 @@ def resolve(
             f"steps={steps} is more than {MAX_STEPS_PER_TOKEN} per generated token "
             f"(max_tokens={gen_length})"
         )
+    _check_cache_knobs(merged, request, "")
     _check_decoding(merged, request, "")
+    block_length = _block_length(merged, request, gen_length, steps)
     alg_temp = merged.get("alg_temp")
     dream_top_k = _dream_filter("top_k", request, top_k, defaults)
     dream_top_p = _dream_filter("top_p", request, top_p, defaults)
@@ -561,6 +590,10 @@ def resolve(
         # vLLM's "off" values (top_p 1, top_k 0 or -1) mean the filter is not applied.
         top_p=None if dream_top_p is None or dream_top_p >= 1 else float(dream_top_p),
         top_k=dream_top_k if dream_top_k is not None and dream_top_k > 0 else None,
+        block_length=block_length,
+        cache=merged["cache"],
+        refresh_interval=merged["refresh_interval"],
+        delay_step=merged["delay_step"],
         **_parallel_options(merged),
     )
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_dllm.options import DecodeOptions, LLaDAOptions
+from vllm_dllm.options import DecodeOptions, DreamOptions
 
 
 @dataclass(frozen=True)
@@ -39,21 +39,28 @@ class StepPhase:
 
 def step_phase(options: DecodeOptions, step: int, prompt_len: int, has_cache: bool) -> StepPhase:
     """The phase at global step `step` of the fixed schedule."""
-    spb = getattr(options, "steps_per_block", options.steps)
+    spb = options.steps_per_block
     return block_phase(options, step // spb, step % spb, prompt_len, has_cache)
+
+
+def query_lead(options: DecodeOptions) -> int:
+    """Positions a Reuse step also runs before its block: Dream predicts position j
+    from the hidden state at j - 1, so a block's first position needs the row before."""
+    return 1 if isinstance(options, DreamOptions) else 0
 
 
 def block_phase(options: DecodeOptions, block: int, block_step: int, prompt_len: int, has_cache: bool) -> StepPhase:
     """The phase of step `block_step` of block `block`."""
     seq_len = prompt_len + options.gen_length
     full = StepPhase(True, 0, seq_len)
-    if not isinstance(options, LLaDAOptions) or options.cache == "none" or not has_cache:
+    if options.cache == "none" or not has_cache:
         return full
     k = block_step
     delay, interval = options.delay_step, options.refresh_interval
     if k <= delay or (interval > 0 and (k - delay) % interval == 0):
         return full
-    block_start = prompt_len + block * options.block_length
+    block_length = options.gen_length // options.num_blocks
+    block_start = prompt_len + block * block_length
     if options.cache == "prefix":
-        return StepPhase(False, block_start, seq_len)
-    return StepPhase(False, block_start, block_start + options.block_length)
+        return StepPhase(False, block_start - query_lead(options), seq_len)
+    return StepPhase(False, block_start - query_lead(options), block_start + block_length)

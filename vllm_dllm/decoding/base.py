@@ -73,9 +73,8 @@ class DecodeState:
         self.step[slot] = 0
         self.block[slot] = 0
         self.block_step[slot] = 0
-        block_length = getattr(options, "block_length", options.gen_length)
-        self.num_blocks[slot] = options.gen_length // block_length
-        self.steps_per_block[slot] = options.steps // (options.gen_length // block_length)
+        self.num_blocks[slot] = options.num_blocks
+        self.steps_per_block[slot] = options.steps_per_block
         # The Philox contract keys on seed mod 2**64; int64 holds it by two's
         # complement (the same 64 bits), so no bit of the seed is lost.
         seed %= 1 << 64

@@ -1,5 +1,8 @@
-"""Dream's `diffusion_generate` over a batch: the whole canvas is active; origin or
-confidence algs, temperature, top-p/top-k, alg_temp.
+"""Dream's `diffusion_generate` over a batch: origin or confidence algs, temperature,
+top-p/top-k, alg_temp.  By default the whole canvas is one block, the reference;
+with `block_length` the canvas is decoded block by block (the structure of Fast-dLLM's
+Dream cache loop, which the prefix/dual KV caches need), Dream's own rule and schedule
+running within each block.
 
 Follows MODEL_SPEC.md section 3 (Dream `_sample`), including its float32 schedule
 arithmetic and `int()` truncation.  Departures: random numbers come from the Philox
@@ -57,7 +60,8 @@ class DreamRule(parallel.ParallelDecoding, BatchedRule):
         self.alg_temp = torch.zeros(cap, dtype=torch.float32, device=device)  # 0: off
         self.top_p = torch.ones(cap, dtype=torch.float32, device=device)  # 1: off
         self.top_k = torch.zeros(cap, dtype=torch.long, device=device)  # 0: off
-        self.fractions = torch.zeros(cap, 1, dtype=torch.float32, device=device)
+        self.fractions = torch.zeros(cap, 1, dtype=torch.float32, device=device)  # per step of a block
+        self.block_length = torch.ones(cap, dtype=torch.long, device=device)
         self.filtered_host = np.zeros(cap, dtype=bool)
         self.filtered = False
         self.parallel = parallel.ParallelParams(cap, device, state.canvas.shape[1])
@@ -69,11 +73,13 @@ class DreamRule(parallel.ParallelDecoding, BatchedRule):
         self.top_k[slot] = options.top_k or 0
         self.filtered_host[slot] = options.top_p is not None or options.top_k is not None
         self.parallel.admit(slot, options)
-        if options.steps > self.fractions.shape[1]:
-            grown = torch.zeros(self.state.capacity, options.steps, device=self.fractions.device)
+        steps = options.steps_per_block
+        if steps > self.fractions.shape[1]:
+            grown = torch.zeros(self.state.capacity, steps, device=self.fractions.device)
             grown[:, : self.fractions.shape[1]] = self.fractions
             self.fractions = grown
-        self.fractions[slot, : options.steps] = unmask_fractions(options.steps, options.eps).to(self.fractions.device)
+        self.fractions[slot, :steps] = unmask_fractions(steps, options.eps).to(self.fractions.device)
+        self.block_length[slot] = options.gen_length // options.num_blocks
 
     def prepare(self, slots_host) -> None:
         super().prepare(slots_host)
@@ -91,9 +97,14 @@ class DreamRule(parallel.ParallelDecoding, BatchedRule):
 
     def plan(self, slots: torch.Tensor, width: int) -> StepPlan:
         state = self.state
-        step = state.step[slots]
-        masked = state.masked(slots, width)
-        last = step >= state.steps[slots] - 1
+        # Dream's schedule runs within the active block (the whole canvas by default).
+        step = state.block_step[slots]
+        length = self.block_length[slots]
+        start = state.block[slots] * length
+        columns = torch.arange(width, device=slots.device)
+        in_block = (columns >= start[:, None]) & (columns < (start + length)[:, None])
+        masked = state.masked(slots, width) & in_block
+        last = step >= state.steps_per_block[slots] - 1
         fraction = self.fractions[slots].gather(1, step.clamp(max=self.fractions.shape[1] - 1)[:, None]).squeeze(1)
         # origin: every masked position flips independently; only flipped ones commit.
         flips = self._position_draws(slots, width, sampling.FLIP, torch.float32) < fraction[:, None]

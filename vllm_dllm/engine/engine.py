@@ -24,7 +24,8 @@ from vllm_dllm.decoding.logits import chunked_reduce
 from vllm_dllm.engine.graphs import ReuseGraphs
 from vllm_dllm.engine.phases import PhaseParams, batch_phases
 from vllm_dllm.engine.step_inputs import SequenceLayout, build_step_inputs, to_device
-from vllm_dllm.options import CACHE_POLICIES, DecodeOptions, LLaDAOptions, sequence_copies
+from vllm_dllm.options import CACHE_POLICIES, DecodeOptions, sequence_copies
+from vllm_dllm.phases import query_lead
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +96,7 @@ class StepEngine:
             has_cache=np.zeros(capacity, dtype=bool),
             policy=np.zeros(capacity, dtype=np.int64),
             block_length=np.ones(capacity, dtype=np.int64),
+            lead=np.zeros(capacity, dtype=np.int64),
             delay_step=np.zeros(capacity, dtype=np.int64),
             refresh_interval=np.zeros(capacity, dtype=np.int64),
         )
@@ -143,13 +145,11 @@ class StepEngine:
         h.block_step[slot] = 0
         h.has_cache[slot] = False
         self.copies[slot] = sequence_copies(options)
-        if isinstance(options, LLaDAOptions):
-            h.policy[slot] = CACHE_POLICIES.index(options.cache)
-            h.block_length[slot] = options.block_length
-            h.delay_step[slot] = options.delay_step
-            h.refresh_interval[slot] = options.refresh_interval
-        else:
-            h.policy[slot] = CACHE_POLICIES.index("none")
+        h.policy[slot] = CACHE_POLICIES.index(options.cache)
+        h.block_length[slot] = options.gen_length // options.num_blocks
+        h.delay_step[slot] = options.delay_step
+        h.refresh_interval[slot] = options.refresh_interval
+        h.lead[slot] = query_lead(options)
         self.set_blocks(req_id, block_ids)
 
     def _grow(self) -> None:

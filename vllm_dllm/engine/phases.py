@@ -27,6 +27,7 @@ class PhaseParams:
     has_cache: np.ndarray
     policy: np.ndarray  # POLICY_*
     block_length: np.ndarray
+    lead: np.ndarray  # positions a Reuse also runs before its block (phases.query_lead)
     delay_step: np.ndarray
     refresh_interval: np.ndarray
 
@@ -50,6 +51,6 @@ def batch_phases(p: PhaseParams) -> BatchPhases:
     refresh = (p.policy == POLICY_NONE) | ~p.has_cache | (k <= p.delay_step) | periodic
     block_start = p.prompt_len + p.block * p.block_length
     reuse_end = np.where(p.policy == POLICY_PREFIX, seq_len, block_start + p.block_length)
-    query_start = np.where(refresh, 0, block_start)
+    query_start = np.where(refresh, 0, block_start - p.lead)
     query_end = np.where(refresh, seq_len, reuse_end)
     return BatchPhases(refresh=refresh, query_start=query_start, query_end=query_end)
