@@ -19,8 +19,8 @@ from vllm_dllm.engine.op_count import OpCounter
 from vllm_dllm.engine.phases import PhaseParams, batch_phases
 from vllm_dllm.engine.step_inputs import SequenceLayout, build_step_inputs
 from vllm_dllm.engine.torch_model import ModelShape, build_model
-from vllm_dllm.options import CACHE_POLICIES, LLaDAOptions
-from vllm_dllm.phases import step_phase
+from vllm_dllm.options import CACHE_POLICIES, DreamOptions, LLaDAOptions
+from vllm_dllm.phases import query_lead, step_phase
 
 BLOCK_SIZE = 16
 SHAPE = ModelShape(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
@@ -105,12 +105,19 @@ def test_batch_phases_match_the_scheduler_phase(seed):
         block = rng.choice([4, 8, 16])
         blocks = rng.randint(1, 4)
         spb = rng.randint(1, 6)
-        options = LLaDAOptions(
-            gen_length=block * blocks, steps=spb * blocks, block_length=block, remasking="low_confidence",
-            temperature=0.0, cfg_scale=0.0, logits_eos_inf=False, confidence_eos_eot_inf=False,
-            cache=rng.choice(CACHE_POLICIES), refresh_interval=rng.randint(0, 3), delay_step=rng.randint(0, spb - 1),
-        )
-        prompt_len, step, has_cache = rng.randint(0, 30), rng.randrange(options.steps), rng.random() < 0.7
+        cache = dict(cache=rng.choice(CACHE_POLICIES), refresh_interval=rng.randint(0, 3),
+                     delay_step=rng.randint(0, spb - 1))
+        if rng.random() < 0.5:
+            options = LLaDAOptions(
+                gen_length=block * blocks, steps=spb * blocks, block_length=block, remasking="low_confidence",
+                temperature=0.0, cfg_scale=0.0, logits_eos_inf=False, confidence_eos_eot_inf=False, **cache,
+            )
+        else:  # Dream: a Reuse also runs the position before its block
+            options = DreamOptions(
+                gen_length=block * blocks, steps=spb * blocks, eps=1e-3, alg="maskgit_plus", alg_temp=None,
+                temperature=0.0, top_p=None, top_k=None, block_length=block, **cache,
+            )
+        prompt_len, step, has_cache = rng.randint(1, 30), rng.randrange(options.steps), rng.random() < 0.7
         rows.append((options, prompt_len, step, has_cache))
         expected.append(step_phase(options, step, prompt_len, has_cache))
     t = lambda values: np.array(values)  # noqa: E731
@@ -122,7 +129,7 @@ def test_batch_phases_match_the_scheduler_phase(seed):
         has_cache=t([r[3] for r in rows]),
         policy=t([CACHE_POLICIES.index(r[0].cache) for r in rows]),
         block_length=t([r[0].block_length for r in rows]),
-        lead=t([0] * len(rows)),
+        lead=t([query_lead(r[0]) for r in rows]),
         delay_step=t([r[0].delay_step for r in rows]),
         refresh_interval=t([r[0].refresh_interval for r in rows]),
     ))
