@@ -19,12 +19,10 @@ import argparse
 import json
 import pathlib
 
-from vllm_dllm import eval as task_eval
+from task_sweep import BLOCKS, run_points
 from vllm_dllm.default_model import PATH as DEFAULT_MODEL
 from vllm_dllm.tasks import TASKS
 
-# Block length per task (as benchmarks/quality_by_policy.py).
-BLOCKS = {"retrieval": 4, "addition": 4, "copy": 8, "reverse": 8}
 CACHES = {"none": {"cache": "none"}, "dual": {"cache": "dual"}}
 SETTINGS = {
     "fixed": {},
@@ -72,8 +70,9 @@ def plot(rows: list[dict], out: pathlib.Path) -> None:
     import matplotlib.pyplot as plt
 
     tasks = list(dict.fromkeys(r["task"] for r in rows))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.8), sharey=True)
-    for ax, task in zip(axes if len(tasks) > 1 else [axes], tasks):
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.8), sharey=True, squeeze=False)
+    axes = axes[0]
+    for ax, task in zip(axes, tasks):
         for cache, marker in (("none", "o"), ("dual", "s")):
             for rule in dict.fromkeys(r["setting"].split()[0] for r in rows):
                 pts = sorted((r["tokens_per_step"], r["accuracy"]) for r in rows
@@ -101,24 +100,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     args.out.mkdir(parents=True, exist_ok=True)
-    runner = task_eval.OfflineRunner(
-        args.model,
-        dict(max_model_len=512, max_num_seqs=64, kv_cache_memory_bytes=512 << 20, gpu_memory_utilization=0.3),
-    )
-    rows = []
-    try:
-        for cache in args.caches.split(","):
-            for setting in args.settings.split(","):
-                for task in args.tasks.split(","):
-                    xargs = xargs_for(setting, cache, task)
-                    result = task_eval.evaluate_task(runner, TASKS[task], args.n, args.seed, xargs)
-                    row = {"setting": setting, "cache": cache, "xargs": xargs, **vars(result)}
-                    row["tokens_per_step"] = 1 / result.steps_per_token if result.steps_per_token else None
-                    rows.append(row)
-                    print(f"{cache:5s} {setting:20s} {task:10s} {result.accuracy:6.1%}  "
-                          f"steps/token {result.steps_per_token:.3f}  {result.tokens_per_s:7.1f} tok/s", flush=True)
-    finally:
-        runner.engine.engine_core.shutdown()
+    points = [({"setting": setting, "cache": cache}, task, xargs_for(setting, cache, task))
+              for cache in args.caches.split(",") for setting in args.settings.split(",")
+              for task in args.tasks.split(",")]
+    rows = run_points(args.model, points, args.n, args.seed)
+    for row in rows:
+        row["tokens_per_step"] = 1 / row["steps_per_token"] if row["steps_per_token"] else None
     reference = {(r["cache"], r["task"]): r["steps_per_token"] for r in rows if r["setting"] == "fixed"}
     for r in rows:
         base = reference.get((r["cache"], r["task"]))

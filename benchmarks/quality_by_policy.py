@@ -21,12 +21,10 @@ import argparse
 import json
 import pathlib
 
-from vllm_dllm import eval as task_eval
+from task_sweep import BLOCKS, run_points
 from vllm_dllm.default_model import PATH as DEFAULT_MODEL
 from vllm_dllm.tasks import TASKS
 
-# Block length per task: short canvases in two blocks, long ones in blocks of 8.
-BLOCKS = {"retrieval": 4, "addition": 4, "copy": 8, "reverse": 8}
 POLICIES = {
     "exact": None,
     "blocks": {"cache": "none"},
@@ -74,20 +72,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     args.out.mkdir(parents=True, exist_ok=True)
-    runner = task_eval.OfflineRunner(
-        args.model,
-        dict(max_model_len=512, max_num_seqs=64, kv_cache_memory_bytes=512 << 20, gpu_memory_utilization=0.3),
-    )
-    rows = []
-    try:
-        for policy in args.policies.split(","):
-            for task in args.tasks.split(","):
-                result = task_eval.evaluate_task(runner, TASKS[task], args.n, args.seed, xargs_for(policy, task))
-                rows.append({"policy": policy, "xargs": xargs_for(policy, task), **vars(result)})
-                print(f"{policy:14s} {task:10s} {result.accuracy:6.1%}  chars {result.char_accuracy:6.1%}"
-                      f"  {result.tokens_per_s:7.1f} tok/s", flush=True)
-    finally:
-        runner.engine.engine_core.shutdown()
+    points = [({"policy": policy}, task, xargs_for(policy, task))
+              for policy in args.policies.split(",") for task in args.tasks.split(",")]
+    rows = run_points(args.model, points, args.n, args.seed)
     (args.out / "quality.json").write_text(json.dumps({"model": args.model, "n": args.n, "rows": rows}, indent=2) + "\n")
     write_table(rows, args.out)
     print((args.out / "quality.md").read_text())

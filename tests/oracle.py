@@ -463,7 +463,18 @@ def reuse_query_range(cache: str, prompt_len: int, gen_length: int, block: int, 
     raise ValueError(cache)
 
 
-@torch.no_grad()
+# Parallel decoding parameters and their defaults (the option defaults of the plugin).
+PARALLEL_DEFAULTS = dict(threshold=0.9, factor=1.0, gamma=1.0, low_threshold=0.3, credit_alpha=0.7,
+                         credit_decay=0.8, credit_boost=0.2, max_tokens_per_step=0)
+
+
+def parallel_parameters(given: dict) -> tuple:
+    """The parallel decoding parameters in PARALLEL_DEFAULTS' order, defaults filled in."""
+    unknown = set(given) - set(PARALLEL_DEFAULTS)
+    assert not unknown, f"unknown parallel decoding parameters {sorted(unknown)}"
+    return tuple({**PARALLEL_DEFAULTS, **given}.values())
+
+
 def parallel_count(rule: str, values: list[float], floor: int, *, threshold: float, factor: float,
                    gamma: float, max_tokens_per_step: int) -> int:
     """Positions a parallel rule commits from its block's masked positions' values
@@ -495,6 +506,7 @@ def parallel_count(rule: str, values: list[float], floor: int, *, threshold: flo
     return min(max(n, floor), len(values))
 
 
+@torch.no_grad()
 def llada_generate(
     model,
     prompt_ids: list[int],
@@ -515,14 +527,7 @@ def llada_generate(
     refresh_interval: int = 0,
     delay_step: int = 0,
     decoding: str = "fixed",
-    threshold: float = 0.9,
-    factor: float = 1.0,
-    gamma: float = 1.0,
-    low_threshold: float = 0.3,
-    credit_alpha: float = 0.7,
-    credit_decay: float = 0.8,
-    credit_boost: float = 0.2,
-    max_tokens_per_step: int = 0,
+    **rule_params: float,
 ) -> OracleResult:
     """LLaDA `generate` (MODEL_SPEC section 3) with an optional KV-cache policy and
     parallel decoding.
@@ -542,6 +547,9 @@ def llada_generate(
     (see `parallel_count`), at least the fixed schedule's count, and the block ends
     as soon as it has no masks left.
     """
+    threshold, factor, gamma, low_threshold, credit_alpha, credit_decay, credit_boost, max_tokens_per_step = (
+        parallel_parameters(rule_params)
+    )
     assert cache in CACHE_POLICIES, f"cache must be one of {CACHE_POLICIES}"
     assert refresh_interval >= 0, "refresh_interval must be >= 0"
     prompt_len = len(prompt_ids)
@@ -772,18 +780,11 @@ def dream_generate(
     mask_id: int,
     seed: int = 0,
     decoding: str = "fixed",
-    threshold: float = 0.9,
-    factor: float = 1.0,
-    gamma: float = 1.0,
-    low_threshold: float = 0.3,
-    credit_alpha: float = 0.7,
-    credit_decay: float = 0.8,
-    credit_boost: float = 0.2,
-    max_tokens_per_step: int = 0,
     block_length: int | None = None,
     cache: str = "none",
     refresh_interval: int = 0,
     delay_step: int = 0,
+    **rule_params: float,
 ) -> OracleResult:
     """Dream `diffusion_generate`; decoding != "fixed" commits a parallel rule's count
     of the masked positions (`parallel_count`, at least the schedule's count) and
@@ -795,6 +796,9 @@ def dream_generate(
     steps / blocks steps) within each block; cache prefix/dual as for LLaDA, a Reuse
     also running the position before the block (its row predicts the block's first
     position)."""
+    threshold, factor, gamma, low_threshold, credit_alpha, credit_decay, credit_boost, max_tokens_per_step = (
+        parallel_parameters(rule_params)
+    )
     prompt_len = len(prompt_ids)
     assert mask_id not in prompt_ids
     x = torch.tensor([list(prompt_ids) + [mask_id] * max_new_tokens], dtype=torch.long)

@@ -50,6 +50,7 @@ as it has no masks left.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
@@ -113,7 +114,7 @@ class RowParameters:
     low_threshold: torch.Tensor
 
 
-class ParallelRule:
+class ParallelRule(ABC):
     """One parallel decoding rule, found by its name (the `decoding` option): how many
     of a request's ranked candidates it commits, and optionally how it ranks them."""
 
@@ -125,8 +126,9 @@ class ParallelRule:
     def keys(self, candidates: torch.Tensor, keys: torch.Tensor, rows: RowParameters) -> torch.Tensor:
         return keys
 
+    @abstractmethod
     def count(self, ordered: torch.Tensor, rows: RowParameters) -> torch.Tensor:
-        raise NotImplementedError
+        """Candidates each request commits, from its ranking keys sorted descending."""
 
 
 _RULES: dict[str, ParallelRule] = {}

@@ -1,0 +1,29 @@
+"""Shared by the accuracy benchmarks: held-out task instances decoded offline through
+the plugin under a list of settings, one engine for all of them."""
+
+from __future__ import annotations
+
+from vllm_dllm import eval as task_eval
+from vllm_dllm.tasks import TASKS
+
+# Block length per task: short canvases in two blocks, long ones in blocks of 8.
+BLOCKS = {"retrieval": 4, "addition": 4, "copy": 8, "reverse": 8}
+ENGINE = dict(max_model_len=512, max_num_seqs=64, kv_cache_memory_bytes=512 << 20, gpu_memory_utilization=0.3)
+
+
+def run_points(model: str, points: list[tuple[dict, str, dict]], n: int, seed: int) -> list[dict]:
+    """Each point is (labels, task, xargs); returns one row per point: the labels,
+    the xargs and the task result (vllm_dllm.eval.TaskResult's fields)."""
+    runner = task_eval.OfflineRunner(model, ENGINE)
+    rows = []
+    try:
+        for labels, task, xargs in points:
+            result = task_eval.evaluate_task(runner, TASKS[task], n, seed, xargs)
+            rows.append({**labels, "xargs": xargs, **vars(result)})
+            steps = f"{result.steps_per_token:.3f}" if result.steps_per_token is not None else "-"
+            print(f"{' '.join(map(str, labels.values())):28s} {task:10s} {result.accuracy:6.1%}  "
+                  f"chars {result.char_accuracy:6.1%}  steps/token {steps}  {result.tokens_per_s:7.1f} tok/s",
+                  flush=True)
+    finally:
+        runner.engine.engine_core.shutdown()
+    return rows
