@@ -9,7 +9,7 @@ import random
 import pytest
 from vllm import SamplingParams
 
-from tests import oracle
+from tests import oracle, oracle_model
 from tests.conftest import close_engine, make_engine, random_prompt
 from tests.test_exact_decoding import _special
 
@@ -44,7 +44,7 @@ def test_cache_policies_match_oracle(llada):
     batched = llm.generate(prompts, params, use_tqdm=False)
     alone = [llm.generate([p], [sp], use_tqdm=False)[0] for p, sp in zip(prompts, params)]
 
-    model, ids = oracle.load_oracle(model_dir), _special(model_dir)
+    model, ids = oracle_model.load_oracle(model_dir), _special(model_dir)
     differs_from_exact = 0
     for (prompt, extra), out_b, out_a in zip(cases, batched, alone):
         got = list(out_b.outputs[0].token_ids)

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from vllm import SamplingParams
 
-from tests import oracle
+from tests import oracle, oracle_model
 from tests.conftest import close_engine, make_engine, random_prompt
 from tests.test_exact_decoding import _special
 from vllm_dllm.tools.make_tiny import make_tiny
@@ -40,7 +40,7 @@ def test_requests_beyond_budget_and_kv_pool_wait_and_complete_exactly(tiny_dirs)
         assert llm.llm_engine.get_num_unfinished_requests() == 0
     finally:
         close_engine(llm)
-    model, ids = oracle.load_oracle(model_dir), _special(model_dir)
+    model, ids = oracle_model.load_oracle(model_dir), _special(model_dir)
     for prompt, out in zip(prompts, outs):
         want, ties = llada_oracle(model, ids, prompt, 32, 32, 8)
         assert ties or list(out.outputs[0].token_ids) == want
@@ -53,7 +53,7 @@ def eos_prone_model(tmp_path_factory):
     model_dir = make_tiny("llada", tmp_path_factory.mktemp("eos") / "llada", seed=7)
     ids = _special(str(model_dir))
     canvas = torch.tensor([random_prompt(random.Random(0), 8) + [ids["mask"]] * 32])
-    predicted = oracle.load_oracle(str(model_dir)).forward(canvas)[0, 8:].argmax(dim=-1)
+    predicted = oracle_model.load_oracle(str(model_dir)).forward(canvas)[0, 8:].argmax(dim=-1)
     common = int(torch.bincount(predicted).argmax())
     weights = load_file(model_dir / "model.safetensors")
     head = weights["model.transformer.ff_out.weight"]
@@ -71,7 +71,7 @@ def test_request_ends_at_first_final_eos(eos_prone_model):
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     finally:
         close_engine(llm)
-    model, ids = oracle.load_oracle(eos_prone_model), _special(eos_prone_model)
+    model, ids = oracle_model.load_oracle(eos_prone_model), _special(eos_prone_model)
     ended_early = 0
     for prompt, out in zip(prompts, outs):
         got = list(out.outputs[0].token_ids)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from vllm import SamplingParams
 
-from tests import oracle
+from tests import oracle, oracle_model
 from tests.conftest import close_engine, make_engine
 from vllm_dllm.tools.make_tiny import make_tiny
 
@@ -25,7 +25,7 @@ def test_real_vocabulary_checkpoint_decodes_exactly(tmp_path, arch, trust_remote
         out = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=16, temperature=0.0, extra_args=extra), use_tqdm=False)[0]
     finally:
         close_engine(llm)
-    model = oracle.load_oracle(str(model_dir))
+    model = oracle_model.load_oracle(str(model_dir))
     ids = REAL_IDS[arch]
     if arch == "llada":
         result = oracle.llada_generate(model, prompt, gen_length=16, steps=16, block_length=8, mask_id=ids["mask"], eos_id=ids["eos"], eot_id=ids["eot"])

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from vllm import SamplingParams
 
-from tests import oracle
+from tests import oracle, oracle_model
 from tests.conftest import close_engine, make_engine, random_prompt
 from tests.test_exact_decoding import _special
 
@@ -76,7 +76,7 @@ def test_top_k_top_p_at_temperature_0_match_the_reference(llm, model_dir):
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
 
     ids = _special(model_dir)
-    model = oracle.load_oracle(model_dir)
+    model = oracle_model.load_oracle(model_dir)
     compared, filter_mattered = 0, 0
     for (name, extra, filters), prompt, out in zip(CASES, prompts, outputs):
         def reference(**kw):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import pytest
 from vllm import SamplingParams
 
-from tests import oracle
+from tests import oracle, oracle_model
 from tests.conftest import close_engine, make_engine, random_prompt
 
 
@@ -177,7 +177,7 @@ def test_exact_mode_matches_oracle_and_is_batch_invariant(served):
     ]
 
     ids = _special(model_dir)
-    model = oracle.load_oracle(model_dir)
+    model = oracle_model.load_oracle(model_dir)
     compared = 0
     for case, prompt, out_batched, out_alone in zip(cases, prompts, batched, alone):
         got = list(out_batched.outputs[0].token_ids)

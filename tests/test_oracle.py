@@ -1,4 +1,4 @@
-"""Self-checks of the test oracle (tests/oracle.py): CPU only, no vllm, no plugin.
+"""Self-checks of the test oracle (tests/oracle_model.py, tests/oracle.py): CPU only, no vllm, no plugin.
 
 The checkpoints are tiny random models written into a tmp dir by `write_llada` /
 `write_dream` below, in the real file layout (config.json + model.safetensors).
@@ -17,13 +17,14 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import oracle  # noqa: E402
+import oracle_model  # noqa: E402
 from oracle import (  # noqa: E402
     OracleResult,
     dream_generate,
     llada_generate,
-    load_oracle,
     trim_at_eos,
 )
+from oracle_model import load_oracle  # noqa: E402
 
 VOCAB = 300
 MASK, EOS, EOT = 257, 258, 259
@@ -215,14 +216,14 @@ def test_rng_contract_hard_values():
          (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
     ]
     for counter, key, expected in kat:
-        assert tuple(int(w[0]) for w in oracle.philox4x32(list(counter), list(key))) == expected
+        assert tuple(int(w[0]) for w in oracle_model.philox4x32(list(counter), list(key))) == expected
     # Counters advance by index in word 0 only.
-    words = oracle.philox4x32([5, 1, 2, 3], [7, 9], n=3)
-    assert [int(w) for w in words[:, 2]] == [int(w[0]) for w in oracle.philox4x32([7, 1, 2, 3], [7, 9])]
+    words = oracle_model.philox4x32([5, 1, 2, 3], [7, 9], n=3)
+    assert [int(w) for w in words[:, 2]] == [int(w[0]) for w in oracle_model.philox4x32([7, 1, 2, 3], [7, 9])]
     # Uniforms lie strictly inside (0, 1) and every part of the key matters.
-    u = oracle.uniform64(1234, 7, 3, 4, n=1000)
+    u = oracle_model.uniform64(1234, 7, 3, 4, n=1000)
     assert float(u.min()) > 0 and float(u.max()) < 1
-    draws = {oracle.uniform32(*args) for args in
+    draws = {oracle_model.uniform32(*args) for args in
              [(1, 2, 3, 4), (2, 2, 3, 4), (1, 3, 3, 4), (1, 2, 4, 4), (1, 2, 3, 5), (1 + 2**32, 2, 3, 4)]}
     assert len(draws) == 6
 
@@ -432,7 +433,7 @@ def test_llada_sampling_uses_the_contract_stream():
     # Uniform logits: the inverse CDF of a flat distribution puts u in bucket floor(u * V).
     fake = FakeModel(lambda b, j, ids: torch.zeros(VOCAB))
     res = _llada(fake, gen_length=4, steps=1, block_length=4, temperature=1.0, seed=7)
-    expected = [int(float(oracle.uniform64(7, 0, c, oracle.STREAM_LLADA_SAMPLE)) * VOCAB) for c in range(4)]
+    expected = [int(float(oracle_model.uniform64(7, 0, c, oracle_model.STREAM_LLADA_SAMPLE)) * VOCAB) for c in range(4)]
     assert res.tokens == expected
 
 
@@ -555,7 +556,7 @@ def test_dream_origin_flip_follows_the_contract():
         p = 1 - ts[i + 1] / ts[i]
         for c in range(n):
             if before[c] == MASK:
-                u = torch.tensor(oracle.uniform32(5, i, c, oracle.STREAM_FLIP))
+                u = torch.tensor(oracle_model.uniform32(5, i, c, oracle_model.STREAM_FLIP))
                 assert bool(after[c] != MASK) == bool(u < p)
 
 

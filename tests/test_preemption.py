@@ -9,7 +9,7 @@ import random
 import pytest
 from vllm import SamplingParams
 
-from tests import oracle
+from tests import oracle, oracle_model
 from tests.conftest import close_engine, make_engine, random_prompt
 from tests.test_exact_decoding import _special
 
@@ -44,7 +44,7 @@ def test_preempted_request_resumes_and_matches_unpreempted(tiny_dirs, cache):
     finally:
         close_engine(llm)
     assert finished_order == ["high", "low"]
-    model, ids = oracle.load_oracle(model_dir), _special(model_dir)
+    model, ids = oracle_model.load_oracle(model_dir), _special(model_dir)
     checked = [("low", low_prompt, 32), ("high", high_prompt, 16)]
     if cache != "none":
         # Resuming refreshes the preempted request's stale cache, so with KV reuse it

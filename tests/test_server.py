@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests import oracle
+from tests import oracle, oracle_model
 from tests.conftest import random_prompt
 from tests.server_utils import ServerProcess
 
@@ -299,7 +299,7 @@ EXACT_CASES = [
 
 
 def test_exact_against_oracle(server, client, tokenizer, special_ids, model_dir):
-    model = oracle.load_oracle(model_dir)
+    model = oracle_model.load_oracle(model_dir)
     rng = random.Random(2024)
     compared = 0
     for prompt_len, extra in EXACT_CASES:

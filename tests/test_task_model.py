@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from tests import oracle
+from tests import oracle, oracle_model
 from vllm_dllm import eval as task_eval
 from vllm_dllm.default_model import PATH
 from vllm_dllm.tasks import TASKS, TEST
@@ -73,7 +73,7 @@ def test_plugin_matches_the_oracle_on_the_trained_model(runner, cache):
 
     config = json.loads((PATH / "config.json").read_text())
     eot, eos = json.loads((PATH / "generation_config.json").read_text())["eos_token_id"]
-    model = oracle.load_oracle(str(PATH))
+    model = oracle_model.load_oracle(str(PATH))
     rng = random.Random(7)
     compared = 0
     for name, block in (("retrieval", 4), ("addition", 4), ("copy", 8)):

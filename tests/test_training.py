@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from tests import oracle
+from tests import oracle, oracle_model
 from vllm_dllm.tasks import TASKS
 from vllm_dllm.tools import train
 from vllm_dllm.training.curriculum import Curriculum, task_at
@@ -36,7 +36,7 @@ def test_train_writes_checkpoint_and_resumes(tmp_path):
     assert json.loads((model_dir / "generation_config.json").read_text())["max_new_tokens"] == 56
     generation = json.loads((model_dir / "generation_config.json").read_text())
     eot, eos = generation["eos_token_id"]
-    model = oracle.load_oracle(str(model_dir))
+    model = oracle_model.load_oracle(str(model_dir))
     result = oracle.llada_generate(
         model, [10, 20, 30], gen_length=8, steps=8, block_length=8,
         mask_id=config["mask_token_id"], eos_id=eos, eot_id=eot,
