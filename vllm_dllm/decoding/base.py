@@ -47,7 +47,6 @@ class DecodeState:
         self.device = device
         self.canvas = torch.full((capacity, max_gen), PAD, dtype=torch.long, device=device)
         self.gen_length = torch.zeros(capacity, dtype=torch.long, device=device)
-        self.steps = torch.ones(capacity, dtype=torch.long, device=device)
         self.step = torch.zeros(capacity, dtype=torch.long, device=device)
         # Progress: the active block, steps run in it, the blocks of the canvas, and
         # the fixed schedule's steps per block (a block's upper bound under every rule).
@@ -69,7 +68,6 @@ class DecodeState:
         self.canvas[slot] = PAD
         self.canvas[slot, : options.gen_length] = self.ids.mask
         self.gen_length[slot] = options.gen_length
-        self.steps[slot] = options.steps
         self.step[slot] = 0
         self.block[slot] = 0
         self.block_step[slot] = 0

@@ -253,9 +253,9 @@ class ParallelParams:
         self.gamma[slot] = options.gamma
         self.low_threshold[slot] = options.low_threshold
         self.max_tokens_per_step[slot] = options.max_tokens_per_step
-        self.credit_alpha[slot] = getattr(options, "credit_alpha", 0.0)
-        self.credit_decay[slot] = getattr(options, "credit_decay", 0.0)
-        self.credit_boost[slot] = getattr(options, "credit_boost", 1.0)
+        self.credit_alpha[slot] = options.credit_alpha
+        self.credit_decay[slot] = options.credit_decay
+        self.credit_boost[slot] = options.credit_boost
         if _RULES.get(options.decoding) is not None and _RULES[options.decoding].carries_credit:
             if self.credit_tokens is None:
                 shape = (len(self.rule), self.max_gen, CREDIT_SLOTS)

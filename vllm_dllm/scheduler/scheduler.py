@@ -46,11 +46,11 @@ class RequestTrack:
 
     @property
     def steps_per_block(self) -> int:
-        return getattr(self.options, "steps_per_block", self.options.steps)
+        return self.options.steps_per_block
 
     @property
     def num_blocks(self) -> int:
-        return getattr(self.options, "num_blocks", 1)
+        return self.options.num_blocks
 
     @property
     def tokens(self) -> int:
