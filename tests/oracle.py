@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from tests import sparse_reference
 from tests.oracle_model import (
     STREAM_FLIP,
     STREAM_LLADA_SAMPLE,
@@ -99,7 +100,7 @@ def llada_cfg_logits(model, x: torch.Tensor, prompt_index: torch.Tensor, mask_id
     return _cfg_combine(both, x.shape[0], cfg_scale)
 
 
-CACHE_POLICIES = ("none", "prefix", "dual")
+CACHE_POLICIES = ("none", "prefix", "dual", "sparse")
 
 
 def is_refresh_step(k: int, has_cache: bool, refresh_interval: int, delay_step: int) -> bool:
@@ -115,9 +116,25 @@ def reuse_query_range(cache: str, prompt_len: int, gen_length: int, block: int, 
     lo = prompt_len + block * block_length
     if cache == "prefix":
         return lo, prompt_len + gen_length
-    if cache == "dual":
+    if cache in ("dual", "sparse"):
         return lo, lo + block_length
     raise ValueError(cache)
+
+
+def sparse_key_masks(kv_cache, lo: int, hi: int, sparse: dict) -> list[torch.Tensor]:
+    """Per layer [rows, H_kv, L]: the keys each head of a later Reuse of queries [lo, hi)
+    sees, chosen at this Refresh (tests/sparse_reference.py); `sparse` holds retention,
+    pool_kernel and selection."""
+    masks = []
+    for k_all, _, q in kv_cache:
+        seq_len = k_all.shape[2]
+        masks.append(torch.stack([
+            sparse_reference.key_mask(
+                sparse_reference.kept_positions(q[row, :, lo:hi], k_all[row], lo, hi, **sparse), seq_len, lo, hi
+            )
+            for row in range(k_all.shape[0])
+        ]))
+    return masks
 
 
 # Parallel decoding parameters and their defaults (the option defaults of the plugin).
@@ -184,6 +201,7 @@ def llada_generate(
     refresh_interval: int = 0,
     delay_step: int = 0,
     decoding: str = "fixed",
+    sparse: dict | None = None,
     **rule_params: float,
 ) -> OracleResult:
     """LLaDA `generate` (MODEL_SPEC section 3) with an optional KV-cache policy and
@@ -197,7 +215,8 @@ def llada_generate(
     refreshes when there is no cache yet, k == delay_step, or refresh_interval > 0,
     k > delay_step and (k - delay_step) % refresh_interval == 0.  With CFG the prompt-masked
     twin runs the same phases with its own cache.  `model` needs `forward_queries` unless
-    cache == "none".
+    cache == "none".  cache="sparse": dual's phases, a Reuse seeing per KV head only the
+    positions that head kept at the Refresh (`sparse`: retention, pool_kernel, selection).
 
     decoding != "fixed" (Fast-dLLM's threshold and factor rules, the EB-sampler's
     entropy bound): a step commits the rule's count of the block's masked positions
@@ -226,7 +245,8 @@ def llada_generate(
     ties = 0
     global_step = 0
     n_rows = 2 if cfg_scale > 0.0 else 1  # the CFG twin is a second sequence
-    kv_cache = None  # per layer (K, V)[n_rows, H_kv, L, D] of the last Refresh
+    kv_cache = None  # per layer (K, V, q)[n_rows, H_kv, L, D] of the last Refresh
+    key_masks = None  # sparse: per layer, the keys each head kept at the last Refresh
     phases: list[str] = []
     query_tokens: list[int] = []
     for block in range(num_blocks):
@@ -248,12 +268,16 @@ def llada_generate(
                     logits = model.forward(x).clone()
             else:
                 batch = _cfg_batch(x, prompt_index, mask_id) if cfg_scale > 0.0 else x
+                reuse_lo, reuse_hi = reuse_query_range(cache, prompt_len, gen_length, block, block_length)
                 if refresh:
                     lo, hi = 0, seq_len
-                    out, kv_cache = model.forward_queries(batch, None, None, return_kv=True)
+                    out, kv_cache = model.forward_queries(batch, None, None, return_kv=True, return_q=True)
+                    if cache == "sparse":
+                        key_masks = sparse_key_masks(kv_cache, reuse_lo, reuse_hi, sparse)
                 else:
-                    lo, hi = reuse_query_range(cache, prompt_len, gen_length, block, block_length)
-                    out, _ = model.forward_queries(batch, torch.arange(lo, hi), kv_cache)
+                    lo, hi = reuse_lo, reuse_hi
+                    out, _ = model.forward_queries(batch, torch.arange(lo, hi), kv_cache,
+                                                   key_masks=key_masks if cache == "sparse" else None)
                 n_query = hi - lo
                 # Rows outside the queries are never masked in the current block: their
                 # logits cannot matter and are left at 0.
@@ -441,6 +465,7 @@ def dream_generate(
     cache: str = "none",
     refresh_interval: int = 0,
     delay_step: int = 0,
+    sparse: dict | None = None,
     **rule_params: float,
 ) -> OracleResult:
     """Dream `diffusion_generate`; decoding != "fixed" commits a parallel rule's count
@@ -450,9 +475,9 @@ def dream_generate(
     credit_alpha * log(1 + credit) to the raw logits.
 
     block_length: the canvas decoded block by block, Dream's rule and schedule (over
-    steps / blocks steps) within each block; cache prefix/dual as for LLaDA, a Reuse
-    also running the position before the block (its row predicts the block's first
-    position)."""
+    steps / blocks steps) within each block; cache prefix/dual/sparse as for LLaDA, a
+    Reuse also running the position before the block (its row predicts the block's
+    first position)."""
     threshold, factor, gamma, low_threshold, credit_alpha, credit_decay, credit_boost, max_tokens_per_step = (
         parallel_parameters(rule_params)
     )
@@ -464,7 +489,8 @@ def dream_generate(
     block_length = max_new_tokens // num_blocks
     timesteps = torch.linspace(1, eps, steps_per_block + 1)
     seq_len = prompt_len + max_new_tokens
-    kv_cache = None  # per layer (K, V) of the last Refresh
+    kv_cache = None  # per layer (K, V, q) of the last Refresh
+    key_masks = None  # sparse: per layer, the keys each head kept at the last Refresh
     phases: list[str] = []
     ties = 0
 
@@ -484,12 +510,15 @@ def dream_generate(
             if cache == "none":
                 logits = model.forward(x)
             elif refresh:
-                logits, kv_cache = model.forward_queries(x, None, None, return_kv=True)
+                logits, kv_cache = model.forward_queries(x, None, None, return_kv=True, return_q=True)
+                if cache == "sparse":
+                    key_masks = sparse_key_masks(kv_cache, block_start - 1, block_end, sparse)
             else:
                 # Position j is predicted from row j - 1: the row before the block too.
                 lo = block_start - 1
-                hi = block_end if cache == "dual" else seq_len
-                out, _ = model.forward_queries(x, torch.arange(lo, hi), kv_cache)
+                hi = seq_len if cache == "prefix" else block_end
+                out, _ = model.forward_queries(x, torch.arange(lo, hi), kv_cache,
+                                               key_masks=key_masks if cache == "sparse" else None)
                 logits = torch.zeros(1, seq_len, out.shape[-1], dtype=out.dtype)
                 logits[:, lo:hi] = out
             phases.append("refresh" if refresh else "reuse")

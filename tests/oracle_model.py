@@ -277,13 +277,17 @@ class OracleModel:
         layer: _Layer,
         positions: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor] | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        key_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """h[B, Q, d]: the normed hidden rows of the query positions `positions[Q]`.
 
         Keys/values attended over: the cache's (K, V)[B, H_kv, L, D] for every position,
         except the query positions, which use the K/V computed here (RoPE at their true
         positions).  Without a cache the queries must be every position 0..L-1.
-        Returns (output[B, Q, d], K_all, V_all) with K_all/V_all [B, H_kv, L, D] post-RoPE.
+        key_mask[B, H_kv, L] (optional): the keys each KV head's queries may see (a
+        sparse cache).
+        Returns (output[B, Q, d], K_all, V_all, q[B, H, Q, D]), K_all/V_all [B, H_kv, L, D],
+        all post-RoPE.
         """
         bsz, n_q, _ = h.shape
         hd = self.head_dim
@@ -295,7 +299,7 @@ class OracleModel:
         if kv_cache is None:
             k_all, v_all = k, v
         else:
-            cache_k, cache_v = kv_cache
+            cache_k, cache_v = kv_cache[:2]
             k_all, v_all = cache_k.clone(), cache_v.clone()
             k_all[:, :, positions] = k
             v_all[:, :, positions] = v
@@ -305,10 +309,13 @@ class OracleModel:
         v_rep = v_all.repeat_interleave(group, dim=1)
         # Full bidirectional attention: no causal mask, no padding mask.
         scores = (q.float() @ k_rep.float().transpose(-1, -2)) / math.sqrt(hd)
+        if key_mask is not None:
+            visible = key_mask.repeat_interleave(group, dim=1)[:, :, None, :]
+            scores = scores.masked_fill(~visible, float("-inf"))
         weights = torch.softmax(scores, dim=-1)
         out = (weights @ v_rep.float()).to(h.dtype)  # [B, H, Q, D]
         out = out.transpose(1, 2).reshape(bsz, n_q, self.n_heads * hd)
-        return F.linear(out, layer.o), k_all, v_all
+        return F.linear(out, layer.o), k_all, v_all, q
 
     def _mlp(self, h: torch.Tensor, layer: _Layer) -> torch.Tensor:
         return F.linear(F.silu(F.linear(h, layer.gate)) * F.linear(h, layer.up), layer.down)
@@ -325,6 +332,8 @@ class OracleModel:
         query_positions=None,
         kv_cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
         return_kv: bool = False,
+        key_masks: list[torch.Tensor] | None = None,
+        return_q: bool = False,
     ):
         """Forward of the query positions of ids[B, L] only.
 
@@ -333,8 +342,10 @@ class OracleModel:
         with return_kv=True.  Every non-query position attends from the cache; query
         positions use their freshly computed K/V.  Without a cache the queries must be
         every position (a full forward).
-        Returns (logits[B, Q, V] float32, per-layer (K, V)[B, H_kv, L, D] or None): the
-        K/V are the ones attended over (cache with the query rows replaced).
+        key_masks: per layer [B, H_kv, L], the keys each KV head may see (a sparse cache).
+        Returns (logits[B, Q, V] float32, per-layer (K, V) or None): K/V[B, H_kv, L, D]
+        are the ones attended over (cache with the query rows replaced); with return_q
+        per layer (K, V, q), q[B, H, Q, D] the queries (post-RoPE).
         """
         bsz, seq_len = ids.shape
         if query_positions is None:
@@ -347,16 +358,17 @@ class OracleModel:
             assert torch.equal(positions, torch.arange(seq_len)), "a forward without cache needs every position"
         else:
             assert len(kv_cache) == self.n_layers
-            for cache_k, cache_v in kv_cache:
+            for cache_k, cache_v, *_ in kv_cache:
                 assert cache_k.shape == cache_v.shape == (bsz, self.n_kv_heads, seq_len, self.head_dim)
         kv_out = [] if return_kv else None
         x = self.embed[ids[:, positions]]
         for i, layer in enumerate(self.layers):
-            attn, k_all, v_all = self._attention(
-                rms_norm(x, layer.attn_norm, self.eps), layer, positions, None if kv_cache is None else kv_cache[i]
+            attn, k_all, v_all, q = self._attention(
+                rms_norm(x, layer.attn_norm, self.eps), layer, positions, None if kv_cache is None else kv_cache[i],
+                None if key_masks is None else key_masks[i],
             )
             if kv_out is not None:
-                kv_out.append((k_all, v_all))
+                kv_out.append((k_all, v_all, q) if return_q else (k_all, v_all))
             x = x + attn
             x = x + self._mlp(rms_norm(x, layer.mlp_norm, self.eps), layer)
         x = rms_norm(x, self.final_norm, self.eps)

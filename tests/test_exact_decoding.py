@@ -62,9 +62,31 @@ LLADA_CASES = [
                                                    "threshold": 0.4, "low_threshold": 0.3, "cache": "dual"}),
     Case("credit (dInfer), seeded at T>0", 4, 32, {"block_length": 8, "steps": 32, "decoding": "credit",
                                                     "threshold": 0.5, "credit_alpha": 0.7}, temperature=0.5, seed=8),
+    # Sparse KV (delay_step 1 by default): per-head and shared selections, wider
+    # pooling, a CFG twin with its own selection, parallel decoding on top.
+    Case("sparse, per head, retention 0.5", 9, 32, {"block_length": 8, "steps": 32, "cache": "sparse",
+                                                     "retention": 0.5}),
+    Case("sparse, uniform, retention 0.3, pool 5, CFG", 6, 16,
+         {"block_length": 8, "steps": 16, "cache": "sparse", "retention": 0.3, "selection": "uniform",
+          "pool_kernel": 5, "cfg_scale": 1.5}),
+    Case("sparse, retention 0.2, threshold, refresh every 3", 12, 32,
+         {"block_length": 16, "steps": 32, "cache": "sparse", "retention": 0.2, "refresh_interval": 3,
+          "decoding": "threshold", "threshold": 0.3}),
 ]
 
 BLOCK_KEYS = ("block_length", "refresh_interval", "delay_step")
+SPARSE_DEFAULTS = {"retention": 0.5, "pool_kernel": 3, "selection": "head"}
+
+
+def cache_arguments(extra: dict, passed: set) -> dict:
+    """The oracle's sparse cache arguments for a case, the plugin's defaults written
+    out (its one-step delayed update too, unless `passed` already holds delay_step)."""
+    if extra.get("cache") != "sparse":
+        return {}
+    arguments = {"sparse": {key: extra.get(key, default) for key, default in SPARSE_DEFAULTS.items()}}
+    if not ("delay_step" in passed and "delay_step" in extra):
+        arguments["delay_step"] = 1
+    return arguments
 PARALLEL_KEYS = ("cache", "decoding", "threshold", "factor", "gamma", "low_threshold", "max_tokens_per_step",
                  "credit_alpha", "credit_decay", "credit_boost")
 
@@ -94,6 +116,11 @@ DREAM_CASES = [
           "decoding": "threshold", "threshold": 0.5}),
     Case("dual cache, origin sampled, delayed fill", 8, 24,
          {"steps": 12, "block_length": 8, "cache": "dual", "delay_step": 1}, temperature=0.8, seed=3),
+    Case("sparse cache, per head", 7, 24, {"alg": "maskgit_plus", "steps": 24, "block_length": 8, "cache": "sparse",
+                                           "retention": 0.4}),
+    Case("sparse cache, uniform, pool 1, no delay", 10, 24,
+         {"alg": "entropy", "steps": 24, "block_length": 8, "cache": "sparse", "retention": 0.3,
+          "selection": "uniform", "pool_kernel": 1, "delay_step": 0}),
 ]
 
 
@@ -115,7 +142,8 @@ def oracle_tokens(model, tokenizer_ids, arch: str, prompt: list[int], case: Case
             logits_eos_inf=extra.get("logits_eos_inf", False),
             confidence_eos_eot_inf=extra.get("confidence_eos_eot_inf", False),
             seed=case.seed or 0,
-            **{key: extra[key] for key in PARALLEL_KEYS if key in extra},
+            **{key: extra[key] for key in (*PARALLEL_KEYS, "refresh_interval", "delay_step") if key in extra},
+            **cache_arguments(extra, {"refresh_interval", "delay_step"}),
         )
     else:
         result = oracle.dream_generate(
@@ -131,6 +159,7 @@ def oracle_tokens(model, tokenizer_ids, arch: str, prompt: list[int], case: Case
             mask_id=tokenizer_ids["mask"],
             seed=case.seed or 0,
             **{key: case.extra[key] for key in (*PARALLEL_KEYS, *BLOCK_KEYS) if key in case.extra},
+            **cache_arguments(case.extra, set(BLOCK_KEYS)),
         )
     return oracle.trim_at_eos(result.tokens, tokenizer_ids["eos"]), result.ties
 

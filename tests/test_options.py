@@ -561,7 +561,7 @@ def test_cache_knobs_without_a_cache_are_refused(key):
         res(llada(), {key: 2}, max_tokens=16)
     assert str(info.value) == (
         f"diffusion option '{key}'=2 only applies with a KV cache, but 'cache' is 'none'; "
-        f"set 'cache' to prefix or dual, or drop '{key}'"
+        f"set 'cache' to prefix, dual or sparse, or drop '{key}'"
     )
     assert getattr(res(llada(), {key: 2, "cache": "dual"}, max_tokens=16), key) == 2
     assert getattr(res(llada(), {key: 0}, max_tokens=16), key) == 0
@@ -636,20 +636,20 @@ def test_dream_server_filter_defaults_go_through_vllm():
      "unknown diffusion option 'alg' for llada models ('alg' is a Dream option); LLaDA options are "
      "block_length, cache, cfg_scale, confidence_eos_eot_inf, credit_alpha, credit_boost, credit_decay, decoding, "
      "delay_step, factor, gamma, "
-     "logits_eos_inf, low_threshold, max_tokens_per_step, refresh_interval, remasking, steps, threshold"),
+     "logits_eos_inf, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, remasking, retention, selection, steps, threshold"),
     (dream(), {"cfg_scale": 1.0},
      "unknown diffusion option 'cfg_scale' for dream models ('cfg_scale' is a LLaDA option); "
      "Dream options are alg, alg_temp, block_length, cache, credit_alpha, credit_boost, credit_decay, decoding, "
-     "delay_step, eps, factor, gamma, low_threshold, max_tokens_per_step, refresh_interval, steps, "
+     "delay_step, eps, factor, gamma, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, retention, selection, steps, "
      "threshold, top_k, top_p"),
     (llada(), {"stepz": 8}, "unknown diffusion option 'stepz' for llada models; LLaDA options are "
      "block_length, cache, cfg_scale, confidence_eos_eot_inf, credit_alpha, credit_boost, credit_decay, decoding, "
      "delay_step, factor, gamma, "
-     "logits_eos_inf, low_threshold, max_tokens_per_step, refresh_interval, remasking, steps, threshold"),
+     "logits_eos_inf, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, remasking, retention, selection, steps, threshold"),
     (llada(), {"remasking": "bogus"},
      "unknown remasking 'bogus': diffusion option 'remasking' must be low_confidence or random"),
-    (llada(), {"cache": "sparse"},
-     "unknown cache policy 'sparse': diffusion option 'cache' must be none, prefix or dual"),
+    (llada(), {"cache": "lru"},
+     "unknown cache policy 'lru': diffusion option 'cache' must be none, prefix, dual or sparse"),
     (dream(), {"alg": "greedy"},
      "unknown alg 'greedy': diffusion option 'alg' must be origin, maskgit_plus, topk_margin or entropy"),
     (llada(), {"steps": 0}, "diffusion option 'steps' must be a positive integer, got 0"),
@@ -671,7 +671,7 @@ def test_request_messages_are_one_clear_sentence(defaults, extra, message):
     ({"stepz": 8}, "--additional-config dllm: unknown diffusion option 'stepz' for llada models; LLaDA options are "
      "block_length, cache, cfg_scale, confidence_eos_eot_inf, credit_alpha, credit_boost, credit_decay, decoding, "
      "delay_step, factor, gamma, "
-     "logits_eos_inf, low_threshold, max_tokens_per_step, refresh_interval, remasking, steps, threshold"),
+     "logits_eos_inf, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, remasking, retention, selection, steps, threshold"),
     ({"remasking": "zzz"},
      "--additional-config dllm: unknown remasking 'zzz': diffusion option 'remasking' must be low_confidence or random"),
     ({"steps": 0}, "--additional-config dllm: diffusion option 'steps' must be a positive integer, got 0"),

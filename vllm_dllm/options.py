@@ -22,7 +22,9 @@ DREAM = "dream"
 ARCHITECTURE_KINDS = {"LLaDAModelLM": LLADA, "DreamModel": DREAM}
 
 LLADA_REMASKING = ("low_confidence", "random")
-CACHE_POLICIES = ("none", "prefix", "dual")
+CACHE_POLICIES = ("none", "prefix", "dual", "sparse")
+SPARSE_SELECTIONS = ("head", "uniform")  # see attention/sparse.py
+MAX_POOL_KERNEL = 63  # the sparse selection's max-pool window (one op per offset)
 DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 DECODING_RULES = ("fixed", "threshold", "factor", "entropy_bound", "hierarchy", "credit")  # see decoding/parallel.py
 
@@ -46,8 +48,23 @@ class ParallelDecodingOptions:
     max_tokens_per_step: int = 0  # every parallel rule; 0: no cap
 
 
+@dataclass(frozen=True, kw_only=True)
+class KVCacheOptions:
+    """KV reuse across steps (phases.py) and, for `sparse`, what the cache keeps
+    (attention/sparse.py): per KV head the `retention` share of the positions outside
+    the active block, ranked by the block's queries max-pooled over `pool_kernel`
+    positions; `selection` uniform keeps one set shared by all heads."""
+
+    cache: str = "none"
+    refresh_interval: int = 0
+    delay_step: int = 0
+    retention: float = 0.5
+    pool_kernel: int = 3
+    selection: str = "head"
+
+
 @dataclass(frozen=True)
-class LLaDAOptions(ParallelDecodingOptions):
+class LLaDAOptions(KVCacheOptions, ParallelDecodingOptions):
     gen_length: int
     steps: int
     block_length: int
@@ -56,9 +73,6 @@ class LLaDAOptions(ParallelDecodingOptions):
     cfg_scale: float
     logits_eos_inf: bool
     confidence_eos_eot_inf: bool
-    cache: str = "none"
-    refresh_interval: int = 0
-    delay_step: int = 0
 
     @property
     def num_blocks(self) -> int:
@@ -74,7 +88,7 @@ class LLaDAOptions(ParallelDecodingOptions):
 
 
 @dataclass(frozen=True)
-class DreamOptions(ParallelDecodingOptions):
+class DreamOptions(KVCacheOptions, ParallelDecodingOptions):
     gen_length: int
     steps: int
     eps: float
@@ -86,9 +100,6 @@ class DreamOptions(ParallelDecodingOptions):
     # KV reuse over the canvas split into blocks, Dream's rule (alg, schedule, filters)
     # inside each block; None: one block, the reference's whole-canvas decoding.
     block_length: int | None = None
-    cache: str = "none"
-    refresh_interval: int = 0
-    delay_step: int = 0
 
     @property
     def num_blocks(self) -> int:
@@ -111,6 +122,16 @@ _PARALLEL_KEYS = {
     for name in PARALLEL_DEFAULTS
 }
 
+_CACHE_KEYS = {
+    "cache": (str,),
+    "refresh_interval": (int,),
+    "delay_step": (int,),
+    "retention": (int, float),
+    "pool_kernel": (int,),
+    "selection": (str,),
+}
+SPARSE_KEYS = ("retention", "pool_kernel", "selection")
+
 # Per-request keys and their accepted types.  bool is checked before int because
 # bool is a subclass of int in Python.
 _REQUEST_KEYS: dict[str, dict[str, tuple[type, ...]]] = {
@@ -121,9 +142,7 @@ _REQUEST_KEYS: dict[str, dict[str, tuple[type, ...]]] = {
         "cfg_scale": (int, float),
         "logits_eos_inf": (bool,),
         "confidence_eos_eot_inf": (bool,),
-        "cache": (str,),
-        "refresh_interval": (int,),
-        "delay_step": (int,),
+        **_CACHE_KEYS,
         **_PARALLEL_KEYS,
     },
     DREAM: {
@@ -137,9 +156,7 @@ _REQUEST_KEYS: dict[str, dict[str, tuple[type, ...]]] = {
         "top_k": (int,),
         "top_p": (int, float),
         "block_length": (int,),
-        "cache": (str,),
-        "refresh_interval": (int,),
-        "delay_step": (int,),
+        **_CACHE_KEYS,
         **_PARALLEL_KEYS,
     },
 }
@@ -166,6 +183,11 @@ ATTENTION_BACKENDS = ("torch", "triton", "flash")  # see attention/backends.py
 _SAMPLING_PARAM_FIELDS = ("temperature", "top_p", "top_k", "seed", "max_tokens")
 KIND_NAMES = {LLADA: "LLaDA", DREAM: "Dream"}
 
+# delay_step None: the policy's own (Sparse-dLLM's one-step delayed update for sparse,
+# none for prefix/dual as in Fast-dLLM); see _delay_step.
+CACHE_DEFAULTS = {"cache": "none", "refresh_interval": 0, "delay_step": None,
+                  "retention": 0.5, "pool_kernel": 3, "selection": "head"}
+
 PAPER_DEFAULTS: dict[str, dict[str, Any]] = {
     LLADA: {
         "block_length": 32,
@@ -173,18 +195,14 @@ PAPER_DEFAULTS: dict[str, dict[str, Any]] = {
         "cfg_scale": 0.0,
         "logits_eos_inf": False,
         "confidence_eos_eot_inf": False,
-        "cache": "none",
-        "refresh_interval": 0,
-        "delay_step": 0,
+        **CACHE_DEFAULTS,
         **PARALLEL_DEFAULTS,
     },
     DREAM: {
         "eps": 1e-3,
         "alg": "origin",
         "alg_temp": None,
-        "cache": "none",
-        "refresh_interval": 0,
-        "delay_step": 0,
+        **CACHE_DEFAULTS,
         **PARALLEL_DEFAULTS,
     },
 }
@@ -234,6 +252,12 @@ def _range_problem(key: str, value: Any, prefix: str = "") -> str | None:
         return f"{prefix}unknown remasking '{value}': diffusion option 'remasking' must be {_one_of(LLADA_REMASKING)}"
     if key == "cache" and value not in CACHE_POLICIES:
         return f"{prefix}unknown cache policy '{value}': diffusion option 'cache' must be {_one_of(CACHE_POLICIES)}"
+    if key == "selection" and value not in SPARSE_SELECTIONS:
+        return f"{prefix}unknown selection '{value}': diffusion option 'selection' must be {_one_of(SPARSE_SELECTIONS)}"
+    if key == "retention" and not 0 < value <= 1:
+        return f"{option} must lie in (0, 1], got {value}"
+    if key == "pool_kernel" and not (1 <= value <= MAX_POOL_KERNEL and value % 2 == 1):
+        return f"{option} must be an odd integer from 1 to {MAX_POOL_KERNEL}, got {value}"
     if key == "decoding" and value not in DECODING_RULES:
         return f"{prefix}unknown decoding rule '{value}': diffusion option 'decoding' must be {_one_of(DECODING_RULES)}"
     if key in ("threshold", "low_threshold") and not 0 < value <= 1:
@@ -367,8 +391,7 @@ class ServerDefaults:
         merged = dict(PAPER_DEFAULTS[kind])
         merged.update(defaults_from_generation_config(kind, generation_config))
         server = check_overrides(kind, server, SERVER)
-        if kind == LLADA:
-            _check_cache_knobs({**merged, **server}, server, SERVER)
+        _check_cache_knobs({**merged, **server}, server, SERVER)
         merged.update(server)
         return cls(
             kind=kind,
@@ -405,17 +428,44 @@ def _positive_int(name: str, value: int) -> int:
 
 
 def _check_cache_knobs(merged: dict[str, Any], given: dict[str, Any], prefix: str) -> None:
-    """refresh_interval and delay_step shape a KV cache; without one they would be
-    silently ignored.  Only values set at this level are refused, so a request that
-    turns the cache off is not blamed for the server's cache defaults."""
-    if merged["cache"] != "none":
-        return
-    for key in ("refresh_interval", "delay_step"):
-        if given.get(key):
-            raise OptionError(
-                f"{prefix}diffusion option '{key}'={given[key]} only applies with a KV cache, "
-                f"but 'cache' is 'none'; set 'cache' to prefix or dual, or drop '{key}'"
-            )
+    """refresh_interval and delay_step shape a KV cache, retention, pool_kernel and
+    selection a sparse one; without one they would be silently ignored.  Only values
+    set at this level are refused, so a request that turns the cache off is not
+    blamed for the server's cache defaults."""
+    cache = merged["cache"]
+    if cache == "none":
+        for key in ("refresh_interval", "delay_step"):
+            if given.get(key):
+                raise OptionError(
+                    f"{prefix}diffusion option '{key}'={given[key]} only applies with a KV cache, "
+                    f"but 'cache' is 'none'; set 'cache' to {_one_of(CACHE_POLICIES[1:])}, or drop '{key}'"
+                )
+    if cache != "sparse":
+        for key in SPARSE_KEYS:
+            if key in given:
+                raise OptionError(
+                    f"{prefix}diffusion option '{key}'={given[key]!r} only applies with cache 'sparse', "
+                    f"but 'cache' is '{cache}'"
+                )
+
+
+def _delay_step(merged: dict[str, Any], steps_per_block: int) -> int:
+    """The delayed update's steps: as set, else 1 for sparse (Sparse-dLLM's default,
+    where a block has a second step to delay to) and 0 for the other policies."""
+    if merged["delay_step"] is not None:
+        return merged["delay_step"]
+    return 1 if merged["cache"] == "sparse" and steps_per_block > 1 else 0
+
+
+def _cache_options(merged: dict[str, Any], delay_step: int) -> dict[str, Any]:
+    return dict(
+        cache=merged["cache"],
+        refresh_interval=merged["refresh_interval"],
+        delay_step=delay_step,
+        retention=float(merged["retention"]),
+        pool_kernel=merged["pool_kernel"],
+        selection=merged["selection"],
+    )
 
 
 # The rules that read each parallel decoding parameter (max_tokens_per_step: all of them).
@@ -467,10 +517,11 @@ def _check_decoding(merged: dict[str, Any], given: dict[str, Any], prefix: str) 
     )
 
 
-def _block_length(merged: dict[str, Any], request: dict[str, Any], gen_length: int, steps: int) -> int:
-    """The canvas's block length, checked against the generation length, the steps
-    and delay_step.  An unset block length that does not divide the generation falls
-    back to one block: the request did not ask for semi-autoregressive decoding."""
+def _block_length(merged: dict[str, Any], request: dict[str, Any], gen_length: int, steps: int) -> tuple[int, int]:
+    """The canvas's block length and the delayed update's steps, checked against the
+    generation length and the steps.  An unset block length that does not divide the
+    generation falls back to one block: the request did not ask for
+    semi-autoregressive decoding."""
     block_length = merged.get("block_length", gen_length)
     if "block_length" not in request and gen_length % block_length:
         block_length = gen_length
@@ -485,12 +536,13 @@ def _block_length(merged: dict[str, Any], request: dict[str, Any], gen_length: i
             f"steps={steps} must be divisible by the number of blocks "
             f"({num_blocks} = max_tokens {gen_length} / block_length {block_length})"
         )
-    if merged["delay_step"] >= steps // num_blocks:
+    delay_step = _delay_step(merged, steps // num_blocks)
+    if delay_step >= steps // num_blocks:
         raise OptionError(
-            f"delay_step={merged['delay_step']} must be smaller than the steps per block "
+            f"delay_step={delay_step} must be smaller than the steps per block "
             f"({steps // num_blocks})"
         )
-    return block_length
+    return block_length, delay_step
 
 
 def _parallel_options(merged: dict[str, Any]) -> dict[str, Any]:
@@ -551,11 +603,9 @@ def resolve(
             steps = gen_length  # a server/generation_config default: the same tokens
         _check_cache_knobs(merged, request, "")
         _check_decoding(merged, request, "")
-        block_length = _block_length(merged, request, gen_length, steps)
+        block_length, delay_step = _block_length(merged, request, gen_length, steps)
         return LLaDAOptions(
-            cache=merged["cache"],
-            refresh_interval=merged["refresh_interval"],
-            delay_step=merged["delay_step"],
+            **_cache_options(merged, delay_step),
             **_parallel_options(merged),
             gen_length=gen_length,
             steps=steps,
@@ -576,7 +626,7 @@ def resolve(
         )
     _check_cache_knobs(merged, request, "")
     _check_decoding(merged, request, "")
-    block_length = _block_length(merged, request, gen_length, steps)
+    block_length, delay_step = _block_length(merged, request, gen_length, steps)
     alg_temp = merged.get("alg_temp")
     dream_top_k = _dream_filter("top_k", request, top_k, defaults)
     dream_top_p = _dream_filter("top_p", request, top_p, defaults)
@@ -591,9 +641,7 @@ def resolve(
         top_p=None if dream_top_p is None or dream_top_p >= 1 else float(dream_top_p),
         top_k=dream_top_k if dream_top_k is not None and dream_top_k > 0 else None,
         block_length=block_length,
-        cache=merged["cache"],
-        refresh_interval=merged["refresh_interval"],
-        delay_step=merged["delay_step"],
+        **_cache_options(merged, delay_step),
         **_parallel_options(merged),
     )
 

@@ -69,6 +69,9 @@ class AttentionMetadata:
     groups: list[QueryGroup]
     backend: "object"  # the AttentionBackend that serves this step
     has_kv_offset: bool = False  # some kv_start is nonzero (a CFG twin): host-known
+    # Sparse Refresh sequences (attention/sparse.py), after the ones above: this
+    # metadata then covers only the rows before `sparse_refresh.row_start`.
+    sparse_refresh: "object | None" = None
 
     @property
     def num_seqs(self) -> int:

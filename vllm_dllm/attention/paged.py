@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from vllm_dllm.attention import sparse
 from vllm_dllm.attention.metadata import current_metadata
 
 
@@ -40,5 +41,8 @@ class DiffusionAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        out = meta.backend.attend(q, k, v, self.kv_cache, meta, self.scale)
+        if meta.sparse_refresh is None:
+            out = meta.backend.attend(q, k, v, self.kv_cache, meta, self.scale)
+        else:
+            out = sparse.attend(q, k, v, self.kv_cache, meta, self.scale)
         return out.reshape(-1, self.num_heads * self.head_dim)

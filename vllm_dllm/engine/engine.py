@@ -22,8 +22,9 @@ from vllm_dllm.attention.metadata import attention_metadata
 from vllm_dllm.decoding.base import DecodeState, SpecialIds, make_rule
 from vllm_dllm.decoding.logits import chunked_reduce
 from vllm_dllm.engine.graphs import ReuseGraphs
-from vllm_dllm.engine.phases import PhaseParams, batch_phases
-from vllm_dllm.engine.step_inputs import SequenceLayout, build_step_inputs, to_device
+from vllm_dllm.engine.phases import POLICY_SPARSE, PhaseParams, batch_phases
+from vllm_dllm.engine.step_inputs import SequenceLayout, SparseLayout, build_step_inputs, to_device
+from vllm_dllm.kv_footprint import kept_positions, sequence_slots
 from vllm_dllm.options import CACHE_POLICIES, DecodeOptions, sequence_copies
 from vllm_dllm.phases import query_lead
 
@@ -32,10 +33,23 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class BatchLayout:
-    sequences: SequenceLayout  # the scheduled requests in order, then their CFG twins
+    # The scheduled requests in order, then their CFG twins; sparse Refreshes last.
+    sequences: SequenceLayout
+    sparse: SparseLayout | None  # the sparse Refresh sequences, if any
     refresh: np.ndarray  # bool per request: this step is a Refresh
     tokens: np.ndarray  # query tokens per request (both copies under CFG)
+    request_seq: np.ndarray  # sequence index of each request
     twin_seq: np.ndarray  # sequence index of each request's twin (its own without CFG)
+
+
+@dataclass
+class SparseParams:
+    """Per-slot sparse KV numbers (host): see kv_footprint.py and attention/sparse.py."""
+
+    sequence_slots: np.ndarray  # KV slots of one sequence (dense: its length)
+    keep: np.ndarray  # positions each KV head keeps (0 unless sparse)
+    radius: np.ndarray
+    uniform: np.ndarray
 
 
 @dataclass
@@ -101,6 +115,12 @@ class StepEngine:
             refresh_interval=np.zeros(capacity, dtype=np.int64),
         )
         self.copies = np.ones(capacity, dtype=np.int64)
+        self.sparse = SparseParams(
+            sequence_slots=np.zeros(capacity, dtype=np.int64),
+            keep=np.zeros(capacity, dtype=np.int64),
+            radius=np.zeros(capacity, dtype=np.int64),
+            uniform=np.zeros(capacity, dtype=bool),
+        )
         self.slots: dict[str, int] = {}
         self.emitted: dict[str, int] = {}
         self._num_blocks: dict[str, int] = {}
@@ -150,12 +170,17 @@ class StepEngine:
         h.delay_step[slot] = options.delay_step
         h.refresh_interval[slot] = options.refresh_interval
         h.lead[slot] = query_lead(options)
+        sp = self.sparse
+        sp.sequence_slots[slot] = sequence_slots(options, len(prompt))
+        sp.keep[slot] = kept_positions(options, len(prompt))
+        sp.radius[slot] = options.pool_kernel // 2
+        sp.uniform[slot] = options.selection == "uniform"
         self.set_blocks(req_id, block_ids)
 
     def _grow(self) -> None:
         """Double the slots (preempted requests keep theirs while others run)."""
         old = self.capacity
-        for holder in (self, self.decode, *self.rule.slot_holders(), self.host):
+        for holder in (self, self.decode, *self.rule.slot_holders(), self.host, self.sparse):
             for name, value in vars(holder).items():
                 if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == old:
                     grown = value.new_zeros((2 * old, *value.shape[1:]))
@@ -197,26 +222,47 @@ class StepEngine:
     # ---- one step ------------------------------------------------------------
 
     def layout(self, slots: np.ndarray) -> BatchLayout:
-        """Sequences of this step (requests, then CFG twins), with each request's phase."""
-        h = self.host
+        """Sequences of this step (requests, then CFG twins, sparse Refreshes last),
+        with each request's phase."""
+        h, sp = self.host, self.sparse
         phases = batch_phases(PhaseParams(**{name: getattr(h, name)[slots] for name in PhaseParams.__dataclass_fields__}))
         copies = self.copies[slots]
         requests = len(slots)
         twins = np.flatnonzero(copies == 2)
-        order = np.concatenate([np.arange(requests), twins])
+        request_of = np.concatenate([np.arange(requests), twins])  # per sequence
+        twin = np.arange(len(request_of)) >= requests
+        is_sparse = h.policy[slots] == POLICY_SPARSE
+        in_flight = (phases.refresh & is_sparse)[request_of]
+        order = np.argsort(in_flight, kind="stable")  # sparse Refreshes last
+        request_of, twin, in_flight = request_of[order], twin[order], in_flight[order]
+        position = np.empty_like(order)
+        position[order] = np.arange(len(order))
+        request_seq = position[:requests]
+        twin_seq = request_seq.copy()
+        twin_seq[twins] = position[requests:]
+
         seq_len = h.prompt_len[slots] + h.gen_length[slots]
-        twin = np.arange(len(order)) >= requests
+        keep = sp.keep[slots]
+        sparse_reuse = is_sparse & ~phases.refresh
+        num_queries = phases.num_queries
+        r = request_of
         layout = SequenceLayout(
-            slot=slots[order],
+            slot=slots[r],
             twin=twin,
-            query_start=phases.query_start[order],
-            num_queries=phases.num_queries[order],
-            seq_len=seq_len[order],
-            kv_start=np.where(twin, seq_len[order], 0),
+            query_start=phases.query_start[r],
+            num_queries=num_queries[r],
+            seq_len=np.where(sparse_reuse, keep + num_queries, seq_len)[r],
+            kv_start=np.where(twin, sp.sequence_slots[slots][r], 0),
+            slot_start=np.where(sparse_reuse, keep, phases.query_start)[r],
         )
-        twin_seq = np.arange(requests)
-        twin_seq[twins] = np.arange(requests, len(order))
-        return BatchLayout(layout, phases.refresh, phases.num_queries * copies, twin_seq)
+        sparse = None
+        if in_flight.any():
+            f = r[in_flight]
+            sparse = SparseLayout(
+                reuse_start=phases.reuse_start[f], reuse_end=phases.reuse_end[f], keep=keep[f],
+                radius=sp.radius[slots][f], uniform=sp.uniform[slots][f],
+            )
+        return BatchLayout(layout, sparse, phases.refresh, phases.num_queries * copies, request_seq, twin_seq)
 
     @torch.inference_mode()
     def step(self, req_ids: list[str], planned_tokens: list[int] | None = None) -> StepOutput:
@@ -245,6 +291,7 @@ class StepEngine:
             block_size=self.block_size,
             mask_id=self.ids.mask,
             backend=self.backend,
+            sparse=batch.sparse,
         )
         hidden = self._forward(batch, inputs)
 
@@ -289,15 +336,15 @@ class StepEngine:
         source = self.prompt_len[cand_slots] + positions
         if self.logits_shift:
             source = (source - 1).clamp(min=0)
-        offset = source - inputs.query_start[rows]
+        seqs = to_device(np.stack([batch.request_seq, batch.twin_seq]), self.device)[:, rows]
+        offset = source - inputs.query_start[seqs[0]]
         uncond_rows = cfg_scale = None
         if len(batch.sequences.slot) > len(slots):
-            twin_seq = to_device(batch.twin_seq, self.device)[rows]
-            uncond_rows = inputs.query_start_loc[twin_seq] + offset
+            uncond_rows = inputs.query_start_loc[seqs[1]] + offset
             cfg_scale = self.decode.cfg_scale[cand_slots]
         return chunked_reduce(
             hidden,
-            inputs.query_start_loc[rows] + offset,
+            inputs.query_start_loc[seqs[0]] + offset,
             cand_slots,
             positions,
             self.model.compute_logits,

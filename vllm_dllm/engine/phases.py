@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 # Cache policy codes (the order of options.CACHE_POLICIES).
-POLICY_NONE, POLICY_PREFIX, POLICY_DUAL = 0, 1, 2
+POLICY_NONE, POLICY_PREFIX, POLICY_DUAL, POLICY_SPARSE = 0, 1, 2, 3
 
 
 @dataclass
@@ -37,6 +37,8 @@ class BatchPhases:
     refresh: np.ndarray  # bool [R]
     query_start: np.ndarray  # [R], sequence coordinates
     query_end: np.ndarray  # [R]
+    reuse_start: np.ndarray  # [R]: the queries a Reuse step of the active block runs
+    reuse_end: np.ndarray  # (a sparse Refresh ranks positions with them)
 
     @property
     def num_queries(self) -> np.ndarray:
@@ -51,6 +53,8 @@ def batch_phases(p: PhaseParams) -> BatchPhases:
     refresh = (p.policy == POLICY_NONE) | ~p.has_cache | (k <= p.delay_step) | periodic
     block_start = p.prompt_len + p.block * p.block_length
     reuse_end = np.where(p.policy == POLICY_PREFIX, seq_len, block_start + p.block_length)
-    query_start = np.where(refresh, 0, block_start - p.lead)
+    reuse_start = block_start - p.lead
+    query_start = np.where(refresh, 0, reuse_start)
     query_end = np.where(refresh, seq_len, reuse_end)
-    return BatchPhases(refresh=refresh, query_start=query_start, query_end=query_end)
+    return BatchPhases(refresh=refresh, query_start=query_start, query_end=query_end,
+                       reuse_start=reuse_start, reuse_end=reuse_end)

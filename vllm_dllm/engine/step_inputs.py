@@ -7,12 +7,13 @@ once, and expanded there into per-row indices: token ids, positions, pool slots.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
 
 from vllm_dllm.attention.metadata import AttentionMetadata, QueryGroup
+from vllm_dllm.attention.sparse import SparseRefresh
 
 
 @dataclass
@@ -24,8 +25,28 @@ class SequenceLayout:
     twin: np.ndarray  # bool: the unconditional copy of a CFG request
     query_start: np.ndarray  # first query position
     num_queries: np.ndarray
-    seq_len: np.ndarray
+    seq_len: np.ndarray  # KV positions its queries attend (a sparse Reuse: kept + span)
     kv_start: np.ndarray  # logical offset in the slot's block table (twin: after the first copy)
+    # Logical slot of the first query, after kv_start; None: its position (dense
+    # storage).  A sparse Reuse writes its queries after the kept slots.
+    slot_start: np.ndarray | None = None
+
+    def take(self, index) -> "SequenceLayout":
+        return SequenceLayout(**{
+            f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[index] for f in fields(self)
+        })
+
+
+@dataclass
+class SparseLayout:
+    """Host arrays for the step's sparse Refresh sequences, which are the last
+    `len(keep)` sequences of the SequenceLayout (attention/sparse.py)."""
+
+    reuse_start: np.ndarray  # the Reuse queries of the active block, [start, end)
+    reuse_end: np.ndarray
+    keep: np.ndarray  # positions each KV head keeps
+    radius: np.ndarray  # pool_kernel // 2
+    uniform: np.ndarray  # bool: one kept set for all heads
 
 
 @dataclass
@@ -47,29 +68,29 @@ def build_step_inputs(
     block_size: int,
     mask_id: int,
     backend,
+    sparse: SparseLayout | None = None,
 ) -> StepInputs:
+    """`sparse`: the last sequences are sparse Refreshes (attention over their own
+    in-flight K/V, then the kept K/V packed); the metadata covers the others."""
     device = canvas.device
     num_seqs = len(layout.slot)
     cu = np.zeros(num_seqs + 1, dtype=np.int64)
     np.cumsum(layout.num_queries, out=cu[1:])
-    max_query_len = int(layout.num_queries.max())
-    max_seq_len = int(layout.seq_len.max())
     query_seq = np.repeat(np.arange(num_seqs), layout.num_queries)
     query_row = np.arange(len(query_seq)) - cu[query_seq]
     positions = layout.query_start[query_seq] + query_row
+    slot_start = layout.query_start if layout.slot_start is None else layout.slot_start
 
     # One host-to-device copy of everything per-row and per-sequence.
-    per_seq = np.stack([layout.slot, layout.twin, layout.query_start, layout.seq_len, layout.kv_start]).astype(np.int64)
-    host_query_seq, host_query_row = query_seq, query_row
+    per_seq = np.stack([layout.slot, layout.twin, layout.query_start, layout.kv_start + slot_start]).astype(np.int64)
+    host_cu, host_query_seq, host_query_row = cu, query_seq, query_row
     per_row = np.stack([query_seq, query_row, positions])
     per_seq, per_row, cu = (to_device(t, device) for t in (per_seq, per_row, cu))
-    slot, twin, query_start, seq_len, kv_start = per_seq
+    slot, twin, query_start, first_query_slot = per_seq
     query_seq, query_row, positions = per_row
 
     tables = block_table[slot].long()
     row_slot = slot[query_seq]
-    logical = kv_start[query_seq] + positions
-    query_slots = tables[query_seq, logical // block_size] * block_size + logical % block_size
 
     row_prompt_len = prompt_len[row_slot]
     in_prompt = positions < row_prompt_len
@@ -78,19 +99,83 @@ def build_step_inputs(
     from_canvas = canvas[row_slot, (positions - row_prompt_len).clamp(min=0, max=canvas.shape[1] - 1)]
     input_ids = torch.where(in_prompt, from_prompt, from_canvas)
 
-    metadata = AttentionMetadata(
+    pooled = num_seqs - (0 if sparse is None else len(sparse.keep))
+    rows = int(host_cu[pooled])
+    logical = first_query_slot[query_seq[:rows]] + query_row[:rows]
+    query_slots = tables[query_seq[:rows], logical // block_size] * block_size + logical % block_size
+    metadata = _metadata(
+        layout.take(slice(0, pooled)), cu[: pooled + 1], host_query_seq[:rows], host_query_row[:rows],
+        tables[:pooled], query_slots, block_size, backend,
+    )
+    if sparse is not None:
+        metadata.sparse_refresh = _sparse_refresh(
+            layout.take(slice(pooled, None)), sparse, host_cu[pooled:] - rows, host_query_seq[rows:] - pooled,
+            host_query_row[rows:], tables[pooled:], rows, block_size, backend,
+        )
+    return StepInputs(input_ids, positions, metadata, cu, query_start)
+
+
+def _metadata(layout: SequenceLayout, cu: torch.Tensor, query_seq: np.ndarray, query_row: np.ndarray,
+              tables: torch.Tensor, query_slots: torch.Tensor, block_size: int, backend) -> AttentionMetadata:
+    device = tables.device
+    empty = len(layout.slot) == 0
+    return AttentionMetadata(
         query_start_loc=cu.int(),
-        seq_lens=seq_len.int(),
-        kv_start=kv_start.int(),
+        seq_lens=to_device(layout.seq_len, device).int(),
+        kv_start=to_device(layout.kv_start, device).int(),
         block_table=tables.int(),
         query_slots=query_slots,
-        max_query_len=max_query_len,
-        max_seq_len=max_seq_len,
-        groups=query_groups(layout, host_query_seq, host_query_row, tables, block_size),
+        max_query_len=0 if empty else int(layout.num_queries.max()),
+        max_seq_len=0 if empty else int(layout.seq_len.max()),
+        groups=[] if empty else query_groups(layout, query_seq, query_row, tables, block_size),
         backend=backend,
         has_kv_offset=bool(layout.kv_start.any()),
     )
-    return StepInputs(input_ids, positions, metadata, cu, query_start)
+
+
+def _sparse_refresh(layout: SequenceLayout, sparse: SparseLayout, cu: np.ndarray, query_seq: np.ndarray,
+                    query_row: np.ndarray, tables: torch.Tensor, row_start: int, block_size: int,
+                    backend) -> SparseRefresh:
+    """The sparse Refresh sequences' in-flight attention and their selection grids
+    (host index arithmetic over small arrays, one copy each)."""
+    device = tables.device
+    num_seqs = len(layout.slot)
+    # In flight, each sequence's K/V are its own rows: no pool offset.
+    own = SequenceLayout(layout.slot, layout.twin, layout.query_start, layout.num_queries,
+                         layout.num_queries, np.zeros(num_seqs, dtype=np.int64))
+    meta = _metadata(own, to_device(cu, device), query_seq, query_row, tables,
+                     torch.empty(0, dtype=torch.long, device=device), block_size, backend)
+    span = sparse.reuse_end - sparse.reuse_start
+    context = layout.num_queries - span
+    block_col = np.arange(max(int(span.max()), 1))
+    block_rows = cu[:-1, None] + sparse.reuse_start[:, None] + block_col
+    block_valid = block_col < span[:, None]
+    context_col = np.arange(max(int(context.max()), 1))
+    context_pos = np.where(context_col < sparse.reuse_start[:, None], context_col, context_col + span[:, None])
+    context_valid = context_col < context[:, None]
+    context_rows = cu[:-1, None] + np.where(context_valid, context_pos, 0)
+    block_rows = np.where(block_valid, block_rows, cu[:-1, None])
+    keep_seq = np.repeat(np.arange(num_seqs), sparse.keep)
+    keep_rank = np.arange(len(keep_seq)) - np.repeat(np.cumsum(sparse.keep) - sparse.keep, sparse.keep)
+    logical = to_device(layout.kv_start[keep_seq] + keep_rank, device)
+    keep_seq_dev = to_device(keep_seq, device)
+    keep_slots = tables[keep_seq_dev, logical // block_size] * block_size + logical % block_size
+    return SparseRefresh(
+        meta=meta,
+        row_start=row_start,
+        block_rows=to_device(block_rows, device),
+        block_valid=to_device(block_valid, device),
+        context_rows=to_device(context_rows, device),
+        context_valid=to_device(context_valid, device),
+        radius=to_device(sparse.radius.astype(np.int64), device),
+        max_radius=int(sparse.radius.max()),
+        uniform=to_device(sparse.uniform.astype(bool), device),
+        keep=to_device(sparse.keep.astype(np.int64), device),
+        max_keep=int(sparse.keep.max()),
+        keep_seq=keep_seq_dev,
+        keep_rank=to_device(keep_rank, device),
+        keep_slots=keep_slots,
+    )
 
 
 def query_groups(

@@ -2,8 +2,9 @@
 
 vLLM's queues, KV cache manager, stop checks and output plumbing are kept; the step
 plan (scheduler/plan.py) replaces the autoregressive token scheduling.  A request
-gets the KV blocks for its whole sequence (prompt + canvas, twice with CFG) when it
-is admitted, so a running request never runs short of KV.
+gets the KV blocks for its whole sequence (prompt + canvas, twice with CFG; with the
+sparse cache only the kept positions and the block, kv_footprint.py) when it is
+admitted, so a running request never runs short of KV.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.request import Request, RequestStatus
 
+from vllm_dllm.kv_footprint import request_slots
 from vllm_dllm.metrics import StepStats
 from vllm_dllm.options import DecodeOptions, OptionError, resolve, sequence_copies
 from vllm_dllm.phases import block_phase
@@ -128,7 +130,8 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
                 f"({options.gen_length}) exceeds max_model_len {self.max_model_len}"
             )
         tokens = seq_len * sequence_copies(options)
-        if tokens > self.max_model_len:
+        slots = request_slots(options, request.num_prompt_tokens)
+        if slots > self.max_model_len:
             # vLLM's KV cache manager caps one request's slots at max_model_len; the
             # prompt-masked twin of classifier-free guidance needs its own.
             return (
@@ -141,7 +144,7 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
                 f"one denoising step of this request needs {tokens} tokens, more than "
                 f"max_num_batched_tokens {self.max_num_scheduled_tokens}"
             )
-        blocks = cdiv(tokens, self.block_size)
+        blocks = cdiv(slots, self.block_size)
         capacity = self.kv_cache_manager.block_pool.num_gpu_blocks - 1
         if blocks > capacity:
             return f"request needs {blocks} KV blocks, the whole pool has {capacity}"

@@ -1,0 +1,126 @@
+"""Head-centric sparse KV: which context positions each KV head keeps, and packing
+them densely into the request's own pool slots.  Imports no vLLM.
+
+At a sparse request's Refresh (dLLM-Serve 4.5; Sparse-dLLM's selection per head):
+
+  * score every context position c (every position outside the Reuse queries: the
+    active block and, for a shifted model, the position before it) per KV head h as
+    q_h . k_c, where q_h is the mean, over the block's queries and over the query
+    heads sharing KV head h, of their (post-RoPE) queries: the mean of the q.k
+    logits, as Sparse-dLLM averages its block queries;
+  * max-pool the scores along the context positions (in position order, the block
+    left out) with window `pool_kernel`, past the ends padded with -inf as
+    MaxPool1D pads;
+  * `head`: each KV head keeps its own `kept` best positions; `uniform` (Sparse-dLLM)
+    sums the pooled scores over heads and keeps one set for all.  Ties rank the
+    lower position first (max-pooling makes neighbours tie exactly);
+  * pack: head h's j-th kept position (in position order) goes to logical slot j of
+    the sequence, head h's lane.  RoPE is already applied, so a Reuse step attends
+    over slots 0..kept+span-1 with the ordinary paged kernel and keeps no index map.
+
+The Refresh itself attends over its in-flight K/V: the pool never holds a sparse
+request's whole sequence.  Everything here is tensor work over all the step's sparse
+Refresh sequences at once, padded to the longest; the host built the index grids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vllm_dllm.attention.metadata import AttentionMetadata
+
+
+@dataclass
+class SparseRefresh:
+    """The step's sparse Refresh sequences, which come after every other sequence.
+
+    Row indices are local to their rows (packed row `row_start + i` is local row i)."""
+
+    meta: AttentionMetadata  # attention over their own in-flight K/V
+    row_start: int
+    block_rows: torch.Tensor  # int64 [S, B]: the rows of each sequence's Reuse queries
+    block_valid: torch.Tensor  # bool [S, B]
+    context_rows: torch.Tensor  # int64 [S, C]: its context positions' rows, in position order
+    context_valid: torch.Tensor  # bool [S, C]
+    radius: torch.Tensor  # int64 [S]: pool_kernel // 2
+    max_radius: int
+    uniform: torch.Tensor  # bool [S]
+    keep: torch.Tensor  # int64 [S]: positions kept per head
+    max_keep: int
+    keep_seq: torch.Tensor  # int64 [N]: (sequence, rank) of every kept slot...
+    keep_rank: torch.Tensor
+    keep_slots: torch.Tensor  # int64 [N]: ...and its pool slot
+
+
+def block_query_means(q: torch.Tensor, plan: SparseRefresh, num_kv_heads: int) -> torch.Tensor:
+    """[S, H_kv, D] float32: each sequence's Reuse queries averaged over rows and over
+    the query heads of each KV head."""
+    grid = q[plan.block_rows].float() * plan.block_valid[:, :, None, None]
+    mean = grid.sum(dim=1) / plan.block_valid.sum(dim=1).clamp(min=1)[:, None, None]
+    num_seqs, num_heads, head_dim = mean.shape
+    return mean.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim).mean(dim=2)
+
+
+def pooled_scores(q: torch.Tensor, k: torch.Tensor, plan: SparseRefresh) -> torch.Tensor:
+    """[S, H_kv, C] float32: max-pooled scores of the context positions (-inf past a
+    sequence's context)."""
+    means = block_query_means(q, plan, k.shape[1])
+    keys = k[plan.context_rows].float()  # [S, C, H_kv, D]
+    scores = torch.einsum("shd,schd->shc", means, keys)
+    scores = scores.masked_fill(~plan.context_valid[:, None, :], float("-inf"))
+    pooled = scores
+    for d in range(1, plan.max_radius + 1):
+        reach = (plan.radius >= d)[:, None, None]
+        edge = scores.new_full((*scores.shape[:2], d), float("-inf"))
+        before = torch.cat([edge, scores[..., :-d]], dim=-1)  # position c sees c - d
+        after = torch.cat([scores[..., d:], edge], dim=-1)  # and c + d
+        pooled = torch.where(reach, torch.maximum(pooled, torch.maximum(before, after)), pooled)
+    return pooled
+
+
+def kept_context(q: torch.Tensor, k: torch.Tensor, plan: SparseRefresh) -> torch.Tensor:
+    """[S, H_kv, max_keep] int64: each head's kept context indices, ascending; entries
+    from `keep[s]` on are padding (the context length)."""
+    pooled = pooled_scores(q, k, plan)
+    shared = pooled.sum(dim=1, keepdim=True).expand_as(pooled)
+    ranking = torch.where(plan.uniform[:, None, None], shared, pooled)
+    # A stable sort keeps equal scores in position order: ties go to the lower position.
+    order = torch.sort(ranking, dim=-1, descending=True, stable=True).indices[..., : plan.max_keep]
+    rank = torch.arange(plan.max_keep, device=order.device)
+    padding = ranking.shape[-1]
+    order = torch.where(rank < plan.keep[:, None, None], order, padding)
+    return order.sort(dim=-1).values
+
+
+def pack_kept(cache: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: SparseRefresh) -> None:
+    """Select each head's context positions and write their K/V into the sequences'
+    slots 0..kept-1, head by head (q, k, v: the sparse sequences' rows)."""
+    if plan.keep_seq.numel() == 0:
+        return
+    kept = kept_context(q, k, plan)  # [S, H_kv, max_keep]
+    num_kv_heads = k.shape[1]
+    context = kept[plan.keep_seq, :, plan.keep_rank]  # [N, H_kv]
+    rows = plan.context_rows[plan.keep_seq[:, None], context]  # [N, H_kv]
+    heads = torch.arange(num_kv_heads, device=k.device)
+    block_size = cache.shape[1]
+    cache[plan.keep_slots // block_size, plan.keep_slots % block_size] = torch.stack(
+        [k[rows, heads], v[rows, heads]], dim=1
+    ).to(cache.dtype)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor | None,
+           meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """One layer's attention for a step with sparse Refresh sequences: the others
+    through the backend over the pool, the sparse ones over their in-flight K/V, then
+    their kept K/V packed into the pool."""
+    plan: SparseRefresh = meta.sparse_refresh
+    start = plan.row_start
+    out = torch.empty_like(q)
+    out[start:] = meta.backend.attend(q[start:], k[start:], v[start:], None, plan.meta, scale)
+    if cache is not None:
+        pack_kept(cache, q[start:], k[start:], v[start:], plan)
+    if start:
+        out[:start] = meta.backend.attend(q[:start], k[:start], v[:start], cache, meta, scale)
+    return out
