@@ -11,10 +11,10 @@ from vllm import SamplingParams
 
 from tests import oracle, oracle_model
 from tests.conftest import close_engine, make_engine, random_prompt
-from tests.test_exact_decoding import _special
+from tests.test_exact_decoding import _special, cache_arguments
 
 
-@pytest.mark.parametrize("cache", ["none", "dual"])
+@pytest.mark.parametrize("cache", ["none", "dual", "sparse"])
 def test_preempted_request_resumes_and_matches_unpreempted(tiny_dirs, cache):
     model_dir = tiny_dirs("llada")
     # One 128-token CPU block per request and a pool of two blocks, one of which is
@@ -53,7 +53,7 @@ def test_preempted_request_resumes_and_matches_unpreempted(tiny_dirs, cache):
         checked = checked[1:]
     for name, prompt, gen in checked:
         result = oracle.llada_generate(
-            model, prompt, gen_length=gen, steps=gen, block_length=8, cache=cache,
+            model, prompt, gen_length=gen, steps=gen, block_length=8, cache=cache, **cache_arguments({"cache": cache}, set()),
             mask_id=ids["mask"], eos_id=ids["eos"], eot_id=ids["eot"],
         )
         assert outputs[name] == oracle.trim_at_eos(result.tokens, ids["eos"])

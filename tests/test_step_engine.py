@@ -63,6 +63,9 @@ def add_requests(engine, count, options, prompt_len=20, first_block=1):
     (dataclasses.replace(llada(cache="dual"), decoding="threshold", threshold=0.5), 1),
     (dataclasses.replace(llada(cache="dual"), decoding="hierarchy", threshold=0.5, low_threshold=0.1), 1),
     (dataclasses.replace(llada(cache="dual", T=0.7), decoding="credit"), 1),
+    # Sparse KV: a Refresh that attends in flight and packs, then a Reuse over the packed.
+    (dataclasses.replace(llada(cache="sparse"), retention=0.3), 0),
+    (dataclasses.replace(llada(cache="sparse", cfg=1.0), retention=0.3, selection="uniform"), 1),
 ])
 def test_step_op_count_does_not_grow_with_requests(options, warmup):
     counts = {}

@@ -69,7 +69,8 @@ def pooled_scores(q: torch.Tensor, k: torch.Tensor, plan: SparseRefresh) -> torc
     means = block_query_means(q, plan, k.shape[1])
     keys = k[plan.context_rows].float()  # [S, C, H_kv, D]
     scores = torch.einsum("shd,schd->shc", means, keys)
-    scores = scores.masked_fill(~plan.context_valid[:, None, :], float("-inf"))
+    outside = ~plan.context_valid[:, None, :]
+    scores = scores.masked_fill(outside, float("-inf"))
     pooled = scores
     for d in range(1, plan.max_radius + 1):
         reach = (plan.radius >= d)[:, None, None]
@@ -77,7 +78,8 @@ def pooled_scores(q: torch.Tensor, k: torch.Tensor, plan: SparseRefresh) -> torc
         before = torch.cat([edge, scores[..., :-d]], dim=-1)  # position c sees c - d
         after = torch.cat([scores[..., d:], edge], dim=-1)  # and c + d
         pooled = torch.where(reach, torch.maximum(pooled, torch.maximum(before, after)), pooled)
-    return pooled
+    # Padding past a sequence's context picked up its last positions' scores.
+    return pooled.masked_fill(outside, float("-inf"))
 
 
 def kept_context(q: torch.Tensor, k: torch.Tensor, plan: SparseRefresh) -> torch.Tensor:
