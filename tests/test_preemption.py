@@ -1,6 +1,6 @@
 """Under priority scheduling a higher-priority request takes the KV of a running
-lower-priority one; the preempted request resumes later and, in exact mode, produces
-exactly the tokens it would have produced alone."""
+lower-priority one; the preempted request resumes later and produces exactly the
+tokens it would have produced alone, with or without KV reuse."""
 
 from __future__ import annotations
 
@@ -45,13 +45,9 @@ def test_preempted_request_resumes_and_matches_unpreempted(tiny_dirs, cache):
         close_engine(llm)
     assert finished_order == ["high", "low"]
     model, ids = oracle_model.load_oracle(model_dir), _special(model_dir)
-    checked = [("low", low_prompt, 32), ("high", high_prompt, 16)]
-    if cache != "none":
-        # Resuming refreshes the preempted request's stale cache, so with KV reuse it
-        # may decode differently from an unpreempted run; it must still complete.
-        assert len(outputs["low"]) == 32 or outputs["low"][-1] == ids["eos"]
-        checked = checked[1:]
-    for name, prompt, gen in checked:
+    # With KV reuse, "low" was preempted mid-block: its resumed step rebuilt the cache
+    # from its last Refresh's canvas, so it still decodes exactly as if never preempted.
+    for name, prompt, gen in [("low", low_prompt, 32), ("high", high_prompt, 16)]:
         result = oracle.llada_generate(
             model, prompt, gen_length=gen, steps=gen, block_length=8, cache=cache, **cache_arguments({"cache": cache}, set()),
             mask_id=ids["mask"], eos_id=ids["eos"], eot_id=ids["eot"],

@@ -17,7 +17,7 @@ from tests.test_step_engine import BLOCK_SIZE, IDS, SHAPE, add_requests, llada, 
 from vllm_dllm.attention import sparse
 from vllm_dllm.attention.backends import TorchAttention
 from vllm_dllm.engine.engine import StepEngine
-from vllm_dllm.engine.step_inputs import SequenceLayout, SparseLayout, build_step_inputs
+from vllm_dllm.engine.step_inputs import SequenceLayout, FillLayout, build_step_inputs
 from vllm_dllm.engine.torch_model import build_model
 from vllm_dllm.kv_footprint import block_span, kept_positions, request_slots, sequence_slots
 from vllm_dllm.options import DREAM, LLADA, DreamOptions, LLaDAOptions, OptionError, ServerDefaults, resolve
@@ -139,14 +139,15 @@ def test_sparse_refresh_attends_in_flight_and_packs_what_the_reference_keeps():
         seq_len=np.array([45, 40, 33, 40]),
         kv_start=np.array([0, 0, 0, footprint_1]),
     )
-    plan = SparseLayout(
+    plan = FillLayout(
         reuse_start=np.array([s[2] for s in spec]), reuse_end=np.array([s[3] for s in spec]),
         keep=np.array(keep), radius=np.array([s[4] // 2 for s in spec]), uniform=np.array([s[5] for s in spec]),
+        dense=np.zeros(3, dtype=bool),
     )
     inputs = build_step_inputs(
         layout, prompt_tokens=torch.zeros(3, 64, dtype=torch.long), prompt_len=torch.full((3,), 10),
         canvas=torch.zeros(3, 64, dtype=torch.long), block_table=block_table, block_size=BLOCK_SIZE,
-        mask_id=IDS.mask, backend=TorchAttention(), sparse=plan,
+        mask_id=IDS.mask, backend=TorchAttention(), fill=plan,
     )
     cu = inputs.query_start_loc.tolist()
     total = cu[-1]
@@ -193,14 +194,14 @@ def _one_sequence_plan(q, k, lo, hi, keep, radius, uniform):
     length = k.shape[0]
     layout = SequenceLayout(slot=np.array([0]), twin=np.array([False]), query_start=np.array([0]),
                             num_queries=np.array([length]), seq_len=np.array([length]), kv_start=np.array([0]))
-    plan = SparseLayout(reuse_start=np.array([lo]), reuse_end=np.array([hi]), keep=np.array([keep]),
-                        radius=np.array([radius]), uniform=np.array([uniform]))
+    plan = FillLayout(reuse_start=np.array([lo]), reuse_end=np.array([hi]), keep=np.array([keep]),
+                        radius=np.array([radius]), uniform=np.array([uniform]), dense=np.array([False]))
     inputs = build_step_inputs(
         layout, prompt_tokens=torch.zeros(1, 64, dtype=torch.long), prompt_len=torch.full((1,), 4),
         canvas=torch.zeros(1, 64, dtype=torch.long), block_table=torch.arange(1, 5, dtype=torch.int32)[None],
-        block_size=BLOCK_SIZE, mask_id=IDS.mask, backend=TorchAttention(), sparse=plan,
+        block_size=BLOCK_SIZE, mask_id=IDS.mask, backend=TorchAttention(), fill=plan,
     )
-    return inputs.metadata.sparse_refresh
+    return inputs.metadata.cache_fill
 
 
 def test_head_and_uniform_differ_where_heads_disagree():
@@ -309,3 +310,48 @@ def test_oracle_sparse_differs_from_dual_and_full_retention_equals_it(tiny_dirs)
                                 sparse={"retention": 0.2, "pool_kernel": 3, "selection": "head"}, **common).tokens
     assert full == dual
     assert low != dual
+
+
+# ---- preemption: an evicted cache is rebuilt, not refreshed -------------------------------
+
+@pytest.mark.parametrize("cache", ["dual", "prefix", "sparse"])
+def test_resumed_request_rebuilds_its_cache_and_decodes_as_if_never_preempted(cache):
+    options = dataclasses.replace(llada(gen=32, steps=32, block=8, cache=cache, delay=1), retention=0.3) \
+        if cache == "sparse" else llada(gen=32, steps=32, block=8, cache=cache)
+    engine = make_engine()
+    ids = add_requests(engine, 2, options)
+    want = _generate(engine, ids, 32)
+
+    def preempted(forget: bool):
+        engine = make_engine()
+        ids = add_requests(engine, 2, options)
+        got = _generate(engine, ids, 5)  # r0 stops mid-block, its next step a Reuse
+        engine.drop_cache("r0")
+        for layer in engine.model.attention_layers():  # its old blocks are someone else's now
+            layer.kv_cache[1:7] = 7.0
+        engine.set_blocks("r0", list(range(100, 106)))
+        if forget:  # what resuming did before: refresh from the current canvas
+            engine.evicted[:] = False
+        tokens = engine.step(["r0", "r1"], planned_tokens=None)
+        rebuilt = engine.layout(np.array([engine.slots["r0"]])).rebuild
+        for i, new in enumerate(tokens.new_tokens):
+            got[i] += new
+        rest = _generate(engine, ids, 26)
+        return [a + b for a, b in zip(got, rest)], rebuilt
+
+    got, rebuilt_after = preempted(forget=False)
+    assert got == want
+    assert not rebuilt_after.any()  # once rebuilt, the cache is whole again
+    assert preempted(forget=True)[0] != want  # (the rebuild is what keeps the tokens)
+
+
+def test_scheduler_prices_the_rebuild_step():
+    from vllm_dllm.scheduler.scheduler import RequestTrack
+
+    options = llada(gen=32, steps=32, block=8, cache="dual")
+    track = RequestTrack(options, prompt_len=10, blocks=1, block=0, block_step=5, has_cache=True)
+    assert track.tokens == 8
+    track.evicted, track.has_cache = True, False  # preempted mid-block
+    assert track.needs_rebuild and track.tokens == 42 + 8 and track.profile()[:2] == (50, 8)
+    track.block_step = 0  # a block's first step refreshes anyway: nothing to rebuild
+    assert not track.needs_rebuild and track.tokens == 42

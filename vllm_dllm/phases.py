@@ -7,11 +7,19 @@ design), and nothing is written.  Policies (Fast-dLLM's caches):
   none    every step is a Refresh (exact decoding)
   prefix  Reuse queries run from the active block's start to the end of the sequence
   dual    Reuse queries are the active block only
-A step refreshes when the request has no cache (first step, or resumed after
-preemption), at steps 0..`delay_step` of each block (Sparse-dLLM's delayed update: the
-first steps of a block run in full and the cache kept is the one filled at step
-`delay_step`, once the block's first tokens are decoded), and every
-`refresh_interval` steps after that.  Scheduler and runner both call this function, so they agree on costs.
+  sparse  dual's phases; the cache keeps, per KV head, a share of the positions
+          outside the block (attention/sparse.py)
+A step refreshes when the request has no cache (its first step), at steps
+0..`delay_step` of each block (Sparse-dLLM's delayed update: the first steps of a
+block run in full and the cache kept is the one filled at step `delay_step`, once
+the block's first tokens are decoded), and every `refresh_interval` steps after
+that.  Scheduler and runner both call this function, so they agree on costs.
+
+Preemption frees a request's KV blocks.  If its next step is a Refresh nothing is
+lost; if it is a Reuse, the step first reruns the canvas of the request's last
+Refresh (kept by the engine) over the whole sequence to rebuild the cache exactly as
+it was, then runs the Reuse: a resumed request decodes what it would have decoded
+without preemption, at the cost of one sequence more in that step.
 
 A request's progress is (block, step within the block): under the fixed schedule
 every block takes `steps_per_block` steps; under a parallel decoding rule a block

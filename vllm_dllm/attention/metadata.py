@@ -70,8 +70,8 @@ class AttentionMetadata:
     backend: "object"  # the AttentionBackend that serves this step
     has_kv_offset: bool = False  # some kv_start is nonzero (a CFG twin): host-known
     # Sparse Refresh sequences (attention/sparse.py), after the ones above: this
-    # metadata then covers only the rows before `sparse_refresh.row_start`.
-    sparse_refresh: "object | None" = None
+    # metadata then covers only the rows before `cache_fill.row_start`.
+    cache_fill: "object | None" = None
 
     @property
     def num_seqs(self) -> int:

@@ -41,7 +41,7 @@ class DiffusionAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if meta.sparse_refresh is None:
+        if meta.cache_fill is None:
             out = meta.backend.attend(q, k, v, self.kv_cache, meta, self.scale)
         else:
             out = sparse.attend(q, k, v, self.kv_cache, meta, self.scale)

@@ -19,8 +19,16 @@ At a sparse request's Refresh (dLLM-Serve 4.5; Sparse-dLLM's selection per head)
     over slots 0..kept+span-1 with the ordinary paged kernel and keeps no index map.
 
 The Refresh itself attends over its in-flight K/V: the pool never holds a sparse
-request's whole sequence.  Everything here is tensor work over all the step's sparse
-Refresh sequences at once, padded to the longest; the host built the index grids.
+request's whole sequence.
+
+The same path rebuilds the cache of a request whose KV blocks were freed by
+preemption when its next step is a Reuse: a sequence over the canvas of its last
+Refresh attends in flight and stores what that Refresh stored (a sparse request's
+kept K/V; a dense one's every position outside the Reuse queries, at its own slot),
+so the Reuse that follows in the same step sees the cache it would have seen.
+
+Everything here is tensor work over all the step's cache-filling sequences at once,
+padded to the longest; the host built the index grids.
 """
 
 from __future__ import annotations
@@ -33,8 +41,9 @@ from vllm_dllm.attention.metadata import AttentionMetadata
 
 
 @dataclass
-class SparseRefresh:
-    """The step's sparse Refresh sequences, which come after every other sequence.
+class CacheFill:
+    """The step's cache-filling sequences (sparse Refreshes, rebuilds of an evicted
+    cache), which come after every other sequence.
 
     Row indices are local to their rows (packed row `row_start + i` is local row i)."""
 
@@ -47,14 +56,15 @@ class SparseRefresh:
     radius: torch.Tensor  # int64 [S]: pool_kernel // 2
     max_radius: int
     uniform: torch.Tensor  # bool [S]
+    dense: torch.Tensor  # bool [S]: keeps every context position (a dense cache's rebuild)
     keep: torch.Tensor  # int64 [S]: positions kept per head
     max_keep: int
     keep_seq: torch.Tensor  # int64 [N]: (sequence, rank) of every kept slot...
     keep_rank: torch.Tensor
-    keep_slots: torch.Tensor  # int64 [N]: ...and its pool slot
+    keep_slots: torch.Tensor  # int64 [N]: ...and its pool slot (a dense cache: the position's own)
 
 
-def block_query_means(q: torch.Tensor, plan: SparseRefresh, num_kv_heads: int) -> torch.Tensor:
+def block_query_means(q: torch.Tensor, plan: CacheFill, num_kv_heads: int) -> torch.Tensor:
     """[S, H_kv, D] float32: each sequence's Reuse queries averaged over rows and over
     the query heads of each KV head."""
     grid = q[plan.block_rows].float() * plan.block_valid[:, :, None, None]
@@ -63,7 +73,7 @@ def block_query_means(q: torch.Tensor, plan: SparseRefresh, num_kv_heads: int) -
     return mean.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim).mean(dim=2)
 
 
-def pooled_scores(q: torch.Tensor, k: torch.Tensor, plan: SparseRefresh) -> torch.Tensor:
+def pooled_scores(q: torch.Tensor, k: torch.Tensor, plan: CacheFill) -> torch.Tensor:
     """[S, H_kv, C] float32: max-pooled scores of the context positions (-inf past a
     sequence's context)."""
     means = block_query_means(q, plan, k.shape[1])
@@ -82,10 +92,11 @@ def pooled_scores(q: torch.Tensor, k: torch.Tensor, plan: SparseRefresh) -> torc
     return pooled.masked_fill(outside, float("-inf"))
 
 
-def kept_context(q: torch.Tensor, k: torch.Tensor, plan: SparseRefresh) -> torch.Tensor:
+def kept_context(q: torch.Tensor, k: torch.Tensor, plan: CacheFill) -> torch.Tensor:
     """[S, H_kv, max_keep] int64: each head's kept context indices, ascending; entries
-    from `keep[s]` on are padding (the context length)."""
+    from `keep[s]` on are padding (the context length).  A dense sequence keeps all."""
     pooled = pooled_scores(q, k, plan)
+    pooled = torch.where(plan.dense[:, None, None], 0.0, pooled)  # all tie: position order
     shared = pooled.sum(dim=1, keepdim=True).expand_as(pooled)
     ranking = torch.where(plan.uniform[:, None, None], shared, pooled)
     # A stable sort keeps equal scores in position order: ties go to the lower position.
@@ -96,7 +107,7 @@ def kept_context(q: torch.Tensor, k: torch.Tensor, plan: SparseRefresh) -> torch
     return order.sort(dim=-1).values
 
 
-def pack_kept(cache: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: SparseRefresh) -> None:
+def pack_kept(cache: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: CacheFill) -> None:
     """Select each head's context positions and write their K/V into the sequences'
     slots 0..kept-1, head by head (q, k, v: the sparse sequences' rows)."""
     if plan.keep_seq.numel() == 0:
@@ -114,10 +125,11 @@ def pack_kept(cache: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor | None,
            meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """One layer's attention for a step with sparse Refresh sequences: the others
-    through the backend over the pool, the sparse ones over their in-flight K/V, then
-    their kept K/V packed into the pool."""
-    plan: SparseRefresh = meta.sparse_refresh
+    """One layer's attention for a step with cache-filling sequences: they attend
+    over their in-flight K/V and store what the cache keeps, then the others attend
+    through the backend over the pool (a rebuilt cache's Reuse reads what was just
+    stored)."""
+    plan: CacheFill = meta.cache_fill
     start = plan.row_start
     out = torch.empty_like(q)
     out[start:] = meta.backend.attend(q[start:], k[start:], v[start:], None, plan.meta, scale)

@@ -22,8 +22,8 @@ from vllm_dllm.attention.metadata import attention_metadata
 from vllm_dllm.decoding.base import DecodeState, SpecialIds, make_rule
 from vllm_dllm.decoding.logits import chunked_reduce
 from vllm_dllm.engine.graphs import ReuseGraphs
-from vllm_dllm.engine.phases import POLICY_SPARSE, PhaseParams, batch_phases
-from vllm_dllm.engine.step_inputs import SequenceLayout, SparseLayout, build_step_inputs, to_device
+from vllm_dllm.engine.phases import POLICY_NONE, POLICY_SPARSE, PhaseParams, batch_phases
+from vllm_dllm.engine.step_inputs import SequenceLayout, FillLayout, build_step_inputs, to_device
 from vllm_dllm.kv_footprint import kept_positions, sequence_slots
 from vllm_dllm.options import CACHE_POLICIES, DecodeOptions, sequence_copies
 from vllm_dllm.phases import query_lead
@@ -33,10 +33,11 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class BatchLayout:
-    # The scheduled requests in order, then their CFG twins; sparse Refreshes last.
+    # The scheduled requests in order, then their CFG twins; cache fills last.
     sequences: SequenceLayout
-    sparse: SparseLayout | None  # the sparse Refresh sequences, if any
+    fill: FillLayout | None  # the cache-filling sequences, if any
     refresh: np.ndarray  # bool per request: this step is a Refresh
+    rebuild: np.ndarray  # bool per request: its evicted cache is rebuilt before its Reuse
     tokens: np.ndarray  # query tokens per request (both copies under CFG)
     request_seq: np.ndarray  # sequence index of each request
     twin_seq: np.ndarray  # sequence index of each request's twin (its own without CFG)
@@ -115,6 +116,8 @@ class StepEngine:
             refresh_interval=np.zeros(capacity, dtype=np.int64),
         )
         self.copies = np.ones(capacity, dtype=np.int64)
+        self.evicted = np.zeros(capacity, dtype=bool)  # its cache was freed by preemption
+        self.snapshot = torch.zeros_like(self.decode.canvas)  # canvas of each request's last Refresh
         self.sparse = SparseParams(
             sequence_slots=np.zeros(capacity, dtype=np.int64),
             keep=np.zeros(capacity, dtype=np.int64),
@@ -164,6 +167,7 @@ class StepEngine:
         h.block[slot] = 0
         h.block_step[slot] = 0
         h.has_cache[slot] = False
+        self.evicted[slot] = False
         self.copies[slot] = sequence_copies(options)
         h.policy[slot] = CACHE_POLICIES.index(options.cache)
         h.block_length[slot] = options.gen_length // options.num_blocks
@@ -206,8 +210,11 @@ class StepEngine:
         self._num_blocks[req_id] = start + len(block_ids)
 
     def drop_cache(self, req_id: str) -> None:
-        """Its KV blocks were freed (preemption): the step after resuming must Refresh."""
-        self.host.has_cache[self.slots[req_id]] = False
+        """Its KV blocks were freed (preemption): the step after resuming refreshes, or
+        rebuilds the cache from the last Refresh's canvas before a Reuse (phases.py)."""
+        slot = self.slots[req_id]
+        self.evicted[slot] |= self.host.has_cache[slot]
+        self.host.has_cache[slot] = False
 
     def remove(self, req_id: str) -> None:
         slot = self.slots.pop(req_id, None)
@@ -222,47 +229,61 @@ class StepEngine:
     # ---- one step ------------------------------------------------------------
 
     def layout(self, slots: np.ndarray) -> BatchLayout:
-        """Sequences of this step (requests, then CFG twins, sparse Refreshes last),
-        with each request's phase."""
+        """Sequences of this step: the requests, their CFG twins, then the
+        cache-filling ones (sparse Refreshes, rebuilds of evicted caches), with each
+        request's phase."""
         h, sp = self.host, self.sparse
-        phases = batch_phases(PhaseParams(**{name: getattr(h, name)[slots] for name in PhaseParams.__dataclass_fields__}))
+        params = {name: getattr(h, name)[slots] for name in PhaseParams.__dataclass_fields__}
+        evicted = self.evicted[slots]
+        params["has_cache"] = params["has_cache"] | evicted  # rebuilt within the step
+        phases = batch_phases(PhaseParams(**params))
+        rebuilds = evicted & ~phases.refresh
         copies = self.copies[slots]
         requests = len(slots)
         twins = np.flatnonzero(copies == 2)
-        request_of = np.concatenate([np.arange(requests), twins])  # per sequence
-        twin = np.arange(len(request_of)) >= requests
+        rebuilt = np.flatnonzero(rebuilds)
+        rebuilt = np.concatenate([rebuilt, rebuilt[copies[rebuilt] == 2]])
+        own = requests + len(twins)
+        request_of = np.concatenate([np.arange(requests), twins, rebuilt])  # per sequence
+        twin = np.zeros(len(request_of), dtype=bool)
+        twin[requests:own] = True
+        twin[own + int(rebuilds.sum()):] = True
+        rebuild = np.arange(len(request_of)) >= own
         is_sparse = h.policy[slots] == POLICY_SPARSE
-        in_flight = (phases.refresh & is_sparse)[request_of]
-        order = np.argsort(in_flight, kind="stable")  # sparse Refreshes last
-        request_of, twin, in_flight = request_of[order], twin[order], in_flight[order]
+        fills = rebuild | (phases.refresh & is_sparse)[request_of]
+        order = np.argsort(fills, kind="stable")  # cache fills last
+        request_of, twin, rebuild, fills = request_of[order], twin[order], rebuild[order], fills[order]
         position = np.empty_like(order)
         position[order] = np.arange(len(order))
         request_seq = position[:requests]
         twin_seq = request_seq.copy()
-        twin_seq[twins] = position[requests:]
+        twin_seq[twins] = position[requests:own]
 
         seq_len = h.prompt_len[slots] + h.gen_length[slots]
         keep = sp.keep[slots]
         sparse_reuse = is_sparse & ~phases.refresh
-        num_queries = phases.num_queries
         r = request_of
         layout = SequenceLayout(
             slot=slots[r],
             twin=twin,
-            query_start=phases.query_start[r],
-            num_queries=num_queries[r],
-            seq_len=np.where(sparse_reuse, keep + num_queries, seq_len)[r],
+            query_start=np.where(rebuild, 0, phases.query_start[r]),
+            num_queries=np.where(rebuild, seq_len[r], phases.num_queries[r]),
+            seq_len=np.where(rebuild, seq_len[r], np.where(sparse_reuse, keep + phases.num_queries, seq_len)[r]),
             kv_start=np.where(twin, sp.sequence_slots[slots][r], 0),
-            slot_start=np.where(sparse_reuse, keep, phases.query_start)[r],
+            slot_start=np.where(rebuild, 0, np.where(sparse_reuse, keep, phases.query_start)[r]),
+            rebuild=rebuild,
         )
-        sparse = None
-        if in_flight.any():
-            f = r[in_flight]
-            sparse = SparseLayout(
-                reuse_start=phases.reuse_start[f], reuse_end=phases.reuse_end[f], keep=keep[f],
-                radius=sp.radius[slots][f], uniform=sp.uniform[slots][f],
+        fill = None
+        if fills.any():
+            f = r[fills]
+            span = phases.reuse_end[f] - phases.reuse_start[f]
+            fill = FillLayout(
+                reuse_start=phases.reuse_start[f], reuse_end=phases.reuse_end[f],
+                keep=np.where(is_sparse[f], keep[f], seq_len[f] - span),
+                radius=sp.radius[slots][f], uniform=sp.uniform[slots][f], dense=~is_sparse[f],
             )
-        return BatchLayout(layout, sparse, phases.refresh, phases.num_queries * copies, request_seq, twin_seq)
+        tokens = (phases.num_queries + rebuilds * seq_len) * copies
+        return BatchLayout(layout, fill, phases.refresh, rebuilds, tokens, request_seq, twin_seq)
 
     @torch.inference_mode()
     def step(self, req_ids: list[str], planned_tokens: list[int] | None = None) -> StepOutput:
@@ -291,8 +312,10 @@ class StepEngine:
             block_size=self.block_size,
             mask_id=self.ids.mask,
             backend=self.backend,
-            sparse=batch.sparse,
+            fill=batch.fill,
+            snapshot=self.snapshot,
         )
+        self._keep_snapshots(slots_host, batch)
         hidden = self._forward(batch, inputs)
 
         width = int(self.host.gen_length[slots_host].max())
@@ -302,7 +325,8 @@ class StepEngine:
         )
 
         h = self.host
-        h.has_cache[slots_host] |= batch.refresh
+        h.has_cache[slots_host] |= batch.refresh | batch.rebuild
+        self.evicted[slots_host] = False
         decode = self.decode
         final = decode.num_final(slots, width)
         report = torch.cat(
@@ -319,9 +343,17 @@ class StepEngine:
             logits_rows += row[1] * copies
         return StepOutput(new_tokens=new_tokens, logits_rows=logits_rows, progress=[tuple(p) for p in progress.tolist()])
 
+    def _keep_snapshots(self, slots_host: np.ndarray, batch: BatchLayout) -> None:
+        """The canvas a cached request's Refresh runs on: what its cache holds until
+        the next Refresh, kept to rebuild it should preemption free its blocks."""
+        filled = slots_host[batch.refresh & (self.host.policy[slots_host] != POLICY_NONE)]
+        if len(filled):
+            index = to_device(filled, self.device)
+            self.snapshot[index] = self.decode.canvas[index]
+
     def _forward(self, batch: BatchLayout, inputs) -> torch.Tensor:
         key = None
-        if self.graphs is not None:
+        if self.graphs is not None and batch.fill is None:
             key = self.graphs.key(batch.sequences.num_queries, batch.refresh, inputs.metadata.has_kv_offset)
         if key is None:
             with attention_metadata(inputs.metadata):

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from vllm_dllm.attention.metadata import AttentionMetadata, QueryGroup
-from vllm_dllm.attention.sparse import SparseRefresh
+from vllm_dllm.attention.sparse import CacheFill
 
 
 @dataclass
@@ -30,6 +30,9 @@ class SequenceLayout:
     # Logical slot of the first query, after kv_start; None: its position (dense
     # storage).  A sparse Reuse writes its queries after the kept slots.
     slot_start: np.ndarray | None = None
+    # bool: reads the canvas of the request's last Refresh (rebuilding an evicted
+    # cache) instead of the current one; None: no sequence does.
+    rebuild: np.ndarray | None = None
 
     def take(self, index) -> "SequenceLayout":
         return SequenceLayout(**{
@@ -38,15 +41,17 @@ class SequenceLayout:
 
 
 @dataclass
-class SparseLayout:
-    """Host arrays for the step's sparse Refresh sequences, which are the last
-    `len(keep)` sequences of the SequenceLayout (attention/sparse.py)."""
+class FillLayout:
+    """Host arrays for the step's cache-filling sequences (sparse Refreshes, rebuilds
+    of an evicted cache), which are the last `len(keep)` sequences of the
+    SequenceLayout (attention/sparse.py)."""
 
     reuse_start: np.ndarray  # the Reuse queries of the active block, [start, end)
     reuse_end: np.ndarray
-    keep: np.ndarray  # positions each KV head keeps
+    keep: np.ndarray  # positions each KV head keeps (dense: the whole context)
     radius: np.ndarray  # pool_kernel // 2
     uniform: np.ndarray  # bool: one kept set for all heads
+    dense: np.ndarray  # bool: every context position, at its own slot
 
 
 @dataclass
@@ -64,14 +69,15 @@ def build_step_inputs(
     prompt_tokens: torch.Tensor,  # [capacity, max_len] device
     prompt_len: torch.Tensor,  # [capacity] device
     canvas: torch.Tensor,  # [capacity, max_gen] device
+    snapshot: torch.Tensor | None = None,  # [capacity, max_gen]: canvases of the last Refreshes
     block_table: torch.Tensor,  # [capacity, max_blocks] int32 device
     block_size: int,
     mask_id: int,
     backend,
-    sparse: SparseLayout | None = None,
+    fill: FillLayout | None = None,
 ) -> StepInputs:
-    """`sparse`: the last sequences are sparse Refreshes (attention over their own
-    in-flight K/V, then the kept K/V packed); the metadata covers the others."""
+    """`fill`: the last sequences fill caches (attention over their own in-flight
+    K/V, then what the cache keeps stored); the metadata covers the others."""
     device = canvas.device
     num_seqs = len(layout.slot)
     cu = np.zeros(num_seqs + 1, dtype=np.int64)
@@ -82,11 +88,13 @@ def build_step_inputs(
     slot_start = layout.query_start if layout.slot_start is None else layout.slot_start
 
     # One host-to-device copy of everything per-row and per-sequence.
-    per_seq = np.stack([layout.slot, layout.twin, layout.query_start, layout.kv_start + slot_start]).astype(np.int64)
+    rebuild = np.zeros(num_seqs, dtype=bool) if layout.rebuild is None else layout.rebuild
+    per_seq = np.stack([layout.slot, layout.twin, layout.query_start, layout.kv_start + slot_start,
+                        rebuild]).astype(np.int64)
     host_cu, host_query_seq, host_query_row = cu, query_seq, query_row
     per_row = np.stack([query_seq, query_row, positions])
     per_seq, per_row, cu = (to_device(t, device) for t in (per_seq, per_row, cu))
-    slot, twin, query_start, first_query_slot = per_seq
+    slot, twin, query_start, first_query_slot, rebuild = per_seq
     query_seq, query_row, positions = per_row
 
     tables = block_table[slot].long()
@@ -96,10 +104,13 @@ def build_step_inputs(
     in_prompt = positions < row_prompt_len
     from_prompt = prompt_tokens[row_slot, positions.clamp(max=prompt_tokens.shape[1] - 1)]
     from_prompt = torch.where(twin[query_seq].bool(), mask_id, from_prompt)
-    from_canvas = canvas[row_slot, (positions - row_prompt_len).clamp(min=0, max=canvas.shape[1] - 1)]
+    canvas_index = (positions - row_prompt_len).clamp(min=0, max=canvas.shape[1] - 1)
+    from_canvas = canvas[row_slot, canvas_index]
+    if layout.rebuild is not None and layout.rebuild.any():
+        from_canvas = torch.where(rebuild[query_seq].bool(), snapshot[row_slot, canvas_index], from_canvas)
     input_ids = torch.where(in_prompt, from_prompt, from_canvas)
 
-    pooled = num_seqs - (0 if sparse is None else len(sparse.keep))
+    pooled = num_seqs - (0 if fill is None else len(fill.keep))
     rows = int(host_cu[pooled])
     logical = first_query_slot[query_seq[:rows]] + query_row[:rows]
     query_slots = tables[query_seq[:rows], logical // block_size] * block_size + logical % block_size
@@ -107,9 +118,9 @@ def build_step_inputs(
         layout.take(slice(0, pooled)), cu[: pooled + 1], host_query_seq[:rows], host_query_row[:rows],
         tables[:pooled], query_slots, block_size, backend,
     )
-    if sparse is not None:
-        metadata.sparse_refresh = _sparse_refresh(
-            layout.take(slice(pooled, None)), sparse, host_cu[pooled:] - rows, host_query_seq[rows:] - pooled,
+    if fill is not None:
+        metadata.cache_fill = _cache_fill(
+            layout.take(slice(pooled, None)), fill, host_cu[pooled:] - rows, host_query_seq[rows:] - pooled,
             host_query_row[rows:], tables[pooled:], rows, block_size, backend,
         )
     return StepInputs(input_ids, positions, metadata, cu, query_start)
@@ -133,10 +144,10 @@ def _metadata(layout: SequenceLayout, cu: torch.Tensor, query_seq: np.ndarray, q
     )
 
 
-def _sparse_refresh(layout: SequenceLayout, sparse: SparseLayout, cu: np.ndarray, query_seq: np.ndarray,
+def _cache_fill(layout: SequenceLayout, fill: FillLayout, cu: np.ndarray, query_seq: np.ndarray,
                     query_row: np.ndarray, tables: torch.Tensor, row_start: int, block_size: int,
-                    backend) -> SparseRefresh:
-    """The sparse Refresh sequences' in-flight attention and their selection grids
+                    backend) -> CacheFill:
+    """The cache-filling sequences' in-flight attention and their selection grids
     (host index arithmetic over small arrays, one copy each)."""
     device = tables.device
     num_seqs = len(layout.slot)
@@ -145,33 +156,36 @@ def _sparse_refresh(layout: SequenceLayout, sparse: SparseLayout, cu: np.ndarray
                          layout.num_queries, np.zeros(num_seqs, dtype=np.int64))
     meta = _metadata(own, to_device(cu, device), query_seq, query_row, tables,
                      torch.empty(0, dtype=torch.long, device=device), block_size, backend)
-    span = sparse.reuse_end - sparse.reuse_start
+    span = fill.reuse_end - fill.reuse_start
     context = layout.num_queries - span
     block_col = np.arange(max(int(span.max()), 1))
-    block_rows = cu[:-1, None] + sparse.reuse_start[:, None] + block_col
+    block_rows = cu[:-1, None] + fill.reuse_start[:, None] + block_col
     block_valid = block_col < span[:, None]
     context_col = np.arange(max(int(context.max()), 1))
-    context_pos = np.where(context_col < sparse.reuse_start[:, None], context_col, context_col + span[:, None])
+    context_pos = np.where(context_col < fill.reuse_start[:, None], context_col, context_col + span[:, None])
     context_valid = context_col < context[:, None]
     context_rows = cu[:-1, None] + np.where(context_valid, context_pos, 0)
     block_rows = np.where(block_valid, block_rows, cu[:-1, None])
-    keep_seq = np.repeat(np.arange(num_seqs), sparse.keep)
-    keep_rank = np.arange(len(keep_seq)) - np.repeat(np.cumsum(sparse.keep) - sparse.keep, sparse.keep)
-    logical = to_device(layout.kv_start[keep_seq] + keep_rank, device)
+    keep_seq = np.repeat(np.arange(num_seqs), fill.keep)
+    keep_rank = np.arange(len(keep_seq)) - np.repeat(np.cumsum(fill.keep) - fill.keep, fill.keep)
+    # A sparse cache packs rank j into slot j; a dense one keeps positions in place.
+    kept_at = np.where(fill.dense[keep_seq], context_pos[keep_seq, keep_rank], keep_rank)
+    logical = to_device(layout.kv_start[keep_seq] + kept_at, device)
     keep_seq_dev = to_device(keep_seq, device)
     keep_slots = tables[keep_seq_dev, logical // block_size] * block_size + logical % block_size
-    return SparseRefresh(
+    return CacheFill(
         meta=meta,
         row_start=row_start,
         block_rows=to_device(block_rows, device),
         block_valid=to_device(block_valid, device),
         context_rows=to_device(context_rows, device),
         context_valid=to_device(context_valid, device),
-        radius=to_device(sparse.radius.astype(np.int64), device),
-        max_radius=int(sparse.radius.max()),
-        uniform=to_device(sparse.uniform.astype(bool), device),
-        keep=to_device(sparse.keep.astype(np.int64), device),
-        max_keep=int(sparse.keep.max()),
+        radius=to_device(fill.radius.astype(np.int64), device),
+        max_radius=int(fill.radius.max()),
+        uniform=to_device(fill.uniform.astype(bool), device),
+        dense=to_device(fill.dense.astype(bool), device),
+        keep=to_device(fill.keep.astype(np.int64), device),
+        max_keep=int(fill.keep.max()),
         keep_seq=keep_seq_dev,
         keep_rank=to_device(keep_rank, device),
         keep_slots=keep_slots,

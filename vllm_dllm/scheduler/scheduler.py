@@ -23,7 +23,7 @@ from vllm.v1.request import Request, RequestStatus
 from vllm_dllm.kv_footprint import request_slots
 from vllm_dllm.metrics import StepStats
 from vllm_dllm.options import DecodeOptions, OptionError, resolve, sequence_copies
-from vllm_dllm.phases import block_phase
+from vllm_dllm.phases import StepPhase, block_phase
 from vllm_dllm.scheduler.accounting import ComputedTokensAccounting
 from vllm_dllm.scheduler.plan import Candidate, Holder, choose_preemptions, plan_step
 from vllm_dllm.server_config import server_defaults
@@ -41,6 +41,7 @@ class RequestTrack:
     block: int = 0  # the active canvas block (the runner reports it after each step)
     block_step: int = 0  # steps run in it
     has_cache: bool = False  # its blocks hold a Refresh's K/V
+    evicted: bool = False  # preemption freed its cache: the next step rebuilds or refreshes it
 
     @property
     def canvas(self) -> int:
@@ -57,19 +58,31 @@ class RequestTrack:
     @property
     def tokens(self) -> int:
         """Query tokens of its next step."""
-        phase = block_phase(self.options, self.block, self.block_step, self.prompt_len, self.has_cache)
-        return phase.num_queries * sequence_copies(self.options)
+        rebuild = self.prompt_len + self.canvas if self.needs_rebuild else 0
+        return (self.phase().num_queries + rebuild) * sequence_copies(self.options)
+
+    def phase(self) -> StepPhase:
+        """Refresh or Reuse, and the queries of its next step (an evicted cache counts:
+        the step rebuilds it)."""
+        return block_phase(self.options, self.block, self.block_step, self.prompt_len, self.has_cache or self.evicted)
+
+    @property
+    def needs_rebuild(self) -> bool:
+        """Its next step is a Reuse of a cache preemption freed: the step first reruns
+        the last Refresh's canvas (phases.py)."""
+        return self.evicted and not self.phase().refresh
 
     def profile(self) -> tuple[int, ...]:
         """Query tokens of every remaining step, were every block to take the fixed
         schedule's steps (an upper bound on the number of steps under every rule)."""
         copies = sequence_copies(self.options)
-        costs, has_cache = [], self.has_cache
+        costs, has_cache = [], self.has_cache or self.evicted
+        rebuild = self.prompt_len + self.canvas if self.needs_rebuild else 0
         for block in range(self.block, self.num_blocks):
             for block_step in range(self.block_step if block == self.block else 0, self.steps_per_block):
                 phase = block_phase(self.options, block, block_step, self.prompt_len, has_cache)
-                costs.append(phase.num_queries * copies)
-                has_cache = has_cache or phase.refresh
+                costs.append((phase.num_queries + rebuild) * copies)
+                has_cache, rebuild = has_cache or phase.refresh, 0
         return tuple(costs)
 
     def advance(self, reported: tuple[int, int] | None) -> None:
@@ -195,6 +208,7 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
         # request's KV: its next step must be a Refresh.
         track = self._costs.get(request.request_id)
         if track is not None:
+            track.evicted = track.evicted or track.has_cache
             track.has_cache = False
         super()._preempt_request(request, timestamp, drop_stale_output)
 
@@ -300,7 +314,7 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             track = self._costs.get(req_id)
             if track is None:
                 continue
-            phase = block_phase(track.options, track.block, track.block_step, track.prompt_len, track.has_cache)
+            phase = track.phase()
             stats.canvas_positions += track.canvas
             if phase.refresh:
                 stats.refresh_steps += 1
@@ -308,7 +322,9 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
                 stats.reuse_steps += 1
             index = model_runner_output.req_id_to_index.get(req_id)
             track.advance(progress[index] if progress is not None and index is not None else None)
-            track.has_cache = track.has_cache or phase.refresh
+            # A Refresh fills the cache; a rebuilt one is whole again either way.
+            track.has_cache = track.has_cache or phase.refresh or track.evicted
+            track.evicted = False
         return stats
 
     def make_stats(self, spec_decoding_stats=None, *args, **kwargs):
