@@ -12,6 +12,7 @@ shutdown.  Every wait is bounded in count and time.
 from __future__ import annotations
 
 import json
+import math
 import random
 import threading
 import time
@@ -551,6 +552,9 @@ DIFFUSION_COUNTERS = [
     "vllm:diffusion_num_refresh_steps_total",
     "vllm:diffusion_num_reuse_steps_total",
     "vllm:diffusion_num_delayed_steps_total",
+    "vllm:diffusion_num_cache_rebuilds_total",
+    "vllm:diffusion_kv_slots",
+    "vllm:diffusion_kv_dense_slots",
 ]
 DIFFUSION_HISTOGRAMS = [
     "vllm:diffusion_scheduled_query_tokens_per_step",
@@ -605,6 +609,33 @@ def test_metrics_count_one_request(server, client, tokenizer):
         time.sleep(0.25)
     assert not _missing_diffusion_metrics(after), "diffusion metrics missing from /metrics"
     assert deltas == expected
+
+
+def test_metrics_show_a_sparse_request_kv_footprint(server, client):
+    """A sparse request holds its kept positions plus its block; the gauges show it
+    next to what the dense cache would hold, and its Reuse steps are counted."""
+    wait_idle(client, server)
+    before = metrics(client)
+    out = complete(
+        client, server, prompt="The quick brown fox", max_tokens=16,
+        vllm_xargs={"steps": 16, "block_length": 8, "cache": "sparse", "retention": 0.5},
+    )
+    seq_len = out["usage"]["prompt_tokens"] + 16
+    expected = {
+        "vllm:diffusion_kv_slots": math.ceil(0.5 * (seq_len - 8)) + 8,
+        "vllm:diffusion_kv_dense_slots": seq_len,
+    }
+    # Steps 0 and 1 of each block refresh (the delayed update), 2..7 reuse.
+    expected_deltas = {"vllm:diffusion_num_reuse_steps_total": 12, "vllm:diffusion_num_refresh_steps_total": 4}
+    for _ in range(40):  # the front end records stats as outputs arrive: poll briefly
+        after = metrics(client)
+        got = {name: after.get(name) for name in expected}
+        deltas = {name: after.get(name, 0) - before.get(name, 0) for name in expected_deltas}
+        if got == expected and deltas == expected_deltas:
+            break
+        time.sleep(0.25)
+    assert got == expected
+    assert deltas == expected_deltas
 
 
 # --------------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ import prometheus_client
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
-EXTRA_FIELDS = ("refresh_steps", "reuse_steps", "query_tokens", "logits_rows", "delayed_steps")
+EXTRA_FIELDS = ("refresh_steps", "reuse_steps", "query_tokens", "logits_rows", "delayed_steps", "cache_rebuilds",
+                "kv_slots", "kv_dense_slots")
 
 
 @dataclass
@@ -31,6 +32,9 @@ class StepStats:
     query_tokens: int = 0
     logits_rows: int = 0
     delayed_steps: int = 0  # running requests that sat a step out for lack of budget
+    cache_rebuilds: int = 0  # steps that first rebuilt a cache preemption freed (phases.py)
+    kv_slots: int = 0  # KV slots the running requests hold (kv_footprint.py)...
+    kv_dense_slots: int = 0  # ...and would hold with every position cached
 
     def to_spec_decoding_stats(self) -> SpecDecodingStats:
         return SpecDecodingStats(
@@ -63,6 +67,17 @@ _COUNTERS = {
         "vllm:diffusion_num_delayed_steps",
         "Steps a running request sat out because its step did not fit the token budget.",
     ),
+    "cache_rebuilds": (
+        "vllm:diffusion_num_cache_rebuilds",
+        "Denoising steps that first rebuilt a KV cache freed by preemption.",
+    ),
+}
+_GAUGES = {
+    "kv_slots": ("vllm:diffusion_kv_slots", "KV slots held by the running requests (sparse: kept positions + block)."),
+    "kv_dense_slots": (
+        "vllm:diffusion_kv_dense_slots",
+        "KV slots the running requests would hold with every position cached.",
+    ),
 }
 _BUCKETS = (1, 8, 32, 128, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
@@ -88,6 +103,10 @@ class DiffusionStatLogger(StatLoggerBase):
         self.counters = {
             key: _metric(prometheus_client.Counter, name, doc, names).labels(**labels)
             for key, (name, doc) in _COUNTERS.items()
+        }
+        self.gauges = {
+            key: _metric(prometheus_client.Gauge, name, doc, names).labels(**labels)
+            for key, (name, doc) in _GAUGES.items()
         }
         self.query_tokens = _metric(
             prometheus_client.Histogram,
@@ -115,6 +134,8 @@ class DiffusionStatLogger(StatLoggerBase):
             if value:
                 counter.inc(value)
         if step.denoising_steps:
+            for key, gauge in self.gauges.items():
+                gauge.set(getattr(step, key))
             self.query_tokens.observe(step.query_tokens)
             self.logits_rows.observe(step.logits_rows)
 

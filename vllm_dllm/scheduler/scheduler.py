@@ -309,6 +309,11 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             logits_rows=getattr(model_runner_output, "logits_rows", 0),
             delayed_steps=self._delayed,
         )
+        for request in self.running:
+            track = self._costs.get(request.request_id)
+            if track is not None:
+                stats.kv_slots += request_slots(track.options, track.prompt_len)
+                stats.kv_dense_slots += (track.prompt_len + track.canvas) * sequence_copies(track.options)
         progress = getattr(model_runner_output, "progress", None) or None
         for req_id in scheduled:
             track = self._costs.get(req_id)
@@ -320,6 +325,7 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
                 stats.refresh_steps += 1
             else:
                 stats.reuse_steps += 1
+            stats.cache_rebuilds += track.needs_rebuild
             index = model_runner_output.req_id_to_index.get(req_id)
             track.advance(progress[index] if progress is not None and index is not None else None)
             # A Refresh fills the cache; a rebuilt one is whole again either way.
