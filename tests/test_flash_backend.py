@@ -114,3 +114,18 @@ def test_steps_outside_its_constraints_go_to_the_fallback(case):
     got, expected, _, _ = step(layout, dtype, FlashAttention(refuse, fallback=Spy()))
     assert Spy.calls == 1
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_sparse_reuse_over_packed_slots_matches_the_torch_backend():
+    """A sparse Reuse (its queries written after 12 kept slots, attending over kept +
+    block) next to a dense one: the same paged call, only the lengths and slots differ."""
+    layout = SequenceLayout(
+        slot=np.array([0, 1]), twin=np.zeros(2, dtype=bool), query_start=np.array([20, 23]),
+        num_queries=np.array([8, 9]), seq_len=np.array([45, 21]), kv_start=np.zeros(2, dtype=np.int64),
+        slot_start=np.array([20, 12]),
+    )
+    Spy.calls = 0
+    got, expected, pool, ref_pool = step(layout, torch.bfloat16, FlashAttention(varlen_contract, fallback=Spy()))
+    assert Spy.calls == 0
+    assert torch.equal(pool, ref_pool)
+    torch.testing.assert_close(got, expected, rtol=1e-2, atol=1e-2)
