@@ -1,13 +1,14 @@
 """A plain reference of the head-centric sparse KV step, written from the definition
 (dLLM-Serve 4.5, Sparse-dLLM's Algorithm 1), sharing no code with the plugin:
 
-  score   per KV head h, context position c: q_h . k_c, q_h the mean of the Reuse
-          queries' (post-RoPE) query vectors over rows and over the query heads that
-          share KV head h;
+  score   per KV head h, context position c: the q . k_c logits of the Reuse
+          queries (post-RoPE) of the query heads that share KV head h, the largest
+          of them (`max`) or their mean (`mean`: the mean query's logit);
   pool    MaxPool1D over the context positions in position order (block left out),
           kernel s, stride 1, padding s // 2;
   top-k   keep = ceil(retention x context) best per head (`head`), or by the pooled
-          scores summed over heads for all (`uniform`); ties: the lower position;
+          scores summed over heads for all (`uniform`); scores compared at bfloat16
+          precision, ties: the lower position;
   pack    head h's kept K/V in position order (a key mask over the dense K/V here:
           attention does not depend on the keys' order);
   attend  Reuse queries over the kept K/V plus their own fresh K/V.
@@ -26,7 +27,7 @@ def kept_count(retention: float, context: int) -> int:
 
 
 def kept_positions(q_block: torch.Tensor, k_all: torch.Tensor, lo: int, hi: int, retention: float,
-                   pool_kernel: int, selection: str) -> list[list[int]]:
+                   pool_kernel: int, selection: str, scoring: str = "max") -> list[list[int]]:
     """q_block[Hq, b, D] (the Reuse queries), k_all[H_kv, L, D]: per KV head, the kept
     positions (ascending)."""
     num_kv_heads, seq_len, _ = k_all.shape
@@ -35,15 +36,20 @@ def kept_positions(q_block: torch.Tensor, k_all: torch.Tensor, lo: int, hi: int,
     keep = kept_count(retention, len(context))
     pooled = []
     for h in range(num_kv_heads):
-        mean_q = q_block[h * group:(h + 1) * group].double().mean(dim=(0, 1))
-        scores = torch.stack([mean_q @ k_all[h, c].double() for c in context])
+        queries = q_block[h * group:(h + 1) * group].double().flatten(0, 1)  # [group x b, D]
+        if scoring == "mean":
+            scores = torch.stack([queries.mean(dim=0) @ k_all[h, c].double() for c in context])
+        else:
+            scores = torch.tensor([max(float(query @ k_all[h, c].double()) for query in queries) for c in context],
+                                  dtype=torch.float64)
         pooled.append(F.max_pool1d(scores[None, None], pool_kernel, stride=1, padding=pool_kernel // 2)[0, 0])
     if selection == "uniform":
         total = sum(pooled)
         pooled = [total] * num_kv_heads
     kept = []
     for h in range(num_kv_heads):
-        ranked = sorted(range(len(context)), key=lambda i: (-float(pooled[h][i]), i))
+        rounded = pooled[h].float().bfloat16().float()
+        ranked = sorted(range(len(context)), key=lambda i: (-float(rounded[i]), i))
         kept.append(sorted(context[i] for i in ranked[:keep]))
     return kept
 

@@ -66,16 +66,16 @@ LLADA_CASES = [
     # pooling, a CFG twin with its own selection, parallel decoding on top.
     Case("sparse, per head, retention 0.5", 9, 32, {"block_length": 8, "steps": 32, "cache": "sparse",
                                                      "retention": 0.5}),
-    Case("sparse, uniform, retention 0.3, pool 5, CFG", 6, 16,
+    Case("sparse, uniform with mean scoring (Sparse-dLLM), retention 0.3, pool 5, CFG", 6, 16,
          {"block_length": 8, "steps": 16, "cache": "sparse", "retention": 0.3, "selection": "uniform",
-          "pool_kernel": 5, "cfg_scale": 1.5}),
+          "scoring": "mean", "pool_kernel": 5, "cfg_scale": 1.5}),
     Case("sparse, retention 0.2, threshold, refresh every 3", 12, 32,
          {"block_length": 16, "steps": 32, "cache": "sparse", "retention": 0.2, "refresh_interval": 3,
           "decoding": "threshold", "threshold": 0.3}),
 ]
 
 BLOCK_KEYS = ("block_length", "refresh_interval", "delay_step")
-SPARSE_DEFAULTS = {"retention": 0.5, "pool_kernel": 3, "selection": "head"}
+SPARSE_DEFAULTS = {"retention": 0.5, "pool_kernel": 3, "selection": "head", "scoring": "max"}
 
 
 def cache_arguments(extra: dict, passed: set) -> dict:

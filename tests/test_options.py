@@ -636,16 +636,16 @@ def test_dream_server_filter_defaults_go_through_vllm():
      "unknown diffusion option 'alg' for llada models ('alg' is a Dream option); LLaDA options are "
      "block_length, cache, cfg_scale, confidence_eos_eot_inf, credit_alpha, credit_boost, credit_decay, decoding, "
      "delay_step, factor, gamma, "
-     "logits_eos_inf, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, remasking, retention, selection, steps, threshold"),
+     "logits_eos_inf, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, remasking, retention, scoring, selection, steps, threshold"),
     (dream(), {"cfg_scale": 1.0},
      "unknown diffusion option 'cfg_scale' for dream models ('cfg_scale' is a LLaDA option); "
      "Dream options are alg, alg_temp, block_length, cache, credit_alpha, credit_boost, credit_decay, decoding, "
-     "delay_step, eps, factor, gamma, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, retention, selection, steps, "
+     "delay_step, eps, factor, gamma, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, retention, scoring, selection, steps, "
      "threshold, top_k, top_p"),
     (llada(), {"stepz": 8}, "unknown diffusion option 'stepz' for llada models; LLaDA options are "
      "block_length, cache, cfg_scale, confidence_eos_eot_inf, credit_alpha, credit_boost, credit_decay, decoding, "
      "delay_step, factor, gamma, "
-     "logits_eos_inf, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, remasking, retention, selection, steps, threshold"),
+     "logits_eos_inf, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, remasking, retention, scoring, selection, steps, threshold"),
     (llada(), {"remasking": "bogus"},
      "unknown remasking 'bogus': diffusion option 'remasking' must be low_confidence or random"),
     (llada(), {"cache": "lru"},
@@ -671,7 +671,7 @@ def test_request_messages_are_one_clear_sentence(defaults, extra, message):
     ({"stepz": 8}, "--additional-config dllm: unknown diffusion option 'stepz' for llada models; LLaDA options are "
      "block_length, cache, cfg_scale, confidence_eos_eot_inf, credit_alpha, credit_boost, credit_decay, decoding, "
      "delay_step, factor, gamma, "
-     "logits_eos_inf, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, remasking, retention, selection, steps, threshold"),
+     "logits_eos_inf, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, remasking, retention, scoring, selection, steps, threshold"),
     ({"remasking": "zzz"},
      "--additional-config dllm: unknown remasking 'zzz': diffusion option 'remasking' must be low_confidence or random"),
     ({"steps": 0}, "--additional-config dllm: diffusion option 'steps' must be a positive integer, got 0"),

@@ -63,7 +63,8 @@ def _resolve(kind, extra, max_tokens=32, server=None):
 
 def test_sparse_options_defaults_and_delay():
     options = _resolve(LLADA, {"cache": "sparse", "block_length": 8, "steps": 32})
-    assert (options.retention, options.pool_kernel, options.selection, options.delay_step) == (0.5, 3, "head", 1)
+    assert (options.retention, options.pool_kernel, options.selection, options.scoring, options.delay_step) == (
+        0.5, 3, "head", "max", 1)
     # Sparse-dLLM's delay only where a block has a second step; set explicitly, it stays.
     assert _resolve(LLADA, {"cache": "sparse", "block_length": 8, "steps": 4}).delay_step == 0
     assert _resolve(LLADA, {"cache": "sparse", "block_length": 8, "steps": 32, "delay_step": 0}).delay_step == 0
@@ -84,6 +85,8 @@ def test_sparse_options_defaults_and_delay():
      "diffusion option 'pool_kernel' must be an odd integer from 1 to 63, got 65"),
     ({"cache": "sparse", "selection": "random"},
      "unknown selection 'random': diffusion option 'selection' must be head or uniform"),
+    ({"cache": "sparse", "scoring": "sum"},
+     "unknown scoring 'sum': diffusion option 'scoring' must be max or mean"),
     ({"cache": "sparse", "retention": "0.3"}, "diffusion option 'retention' must be int or float, got str '0.3'"),
     ({"cache": "dual", "retention": 0.3},
      "diffusion option 'retention'=0.3 only applies with cache 'sparse', but 'cache' is 'dual'"),
@@ -142,7 +145,7 @@ def test_sparse_refresh_attends_in_flight_and_packs_what_the_reference_keeps():
     plan = FillLayout(
         reuse_start=np.array([s[2] for s in spec]), reuse_end=np.array([s[3] for s in spec]),
         keep=np.array(keep), radius=np.array([s[4] // 2 for s in spec]), uniform=np.array([s[5] for s in spec]),
-        dense=np.zeros(3, dtype=bool),
+        mean_scoring=np.array([False, False, True]), dense=np.zeros(3, dtype=bool),
     )
     inputs = build_step_inputs(
         layout, prompt_tokens=torch.zeros(3, 64, dtype=torch.long), prompt_len=torch.full((3,), 10),
@@ -171,7 +174,7 @@ def test_sparse_refresh_attends_in_flight_and_packs_what_the_reference_keeps():
                                    rtol=1e-5, atol=1e-6)
         kept = sparse_reference.kept_positions(
             q[rows][lo:hi].transpose(0, 1), k[rows].transpose(0, 1), lo, hi, r, kernel,
-            "uniform" if uniform else "head",
+            "uniform" if uniform else "head", "mean" if i == 2 else "max",
         )
         start = int(layout.kv_start[i + 1])
         table = block_table[slot].long()
@@ -190,12 +193,13 @@ def test_sparse_refresh_attends_in_flight_and_packs_what_the_reference_keeps():
     assert not torch.equal(cache, before)
 
 
-def _one_sequence_plan(q, k, lo, hi, keep, radius, uniform):
+def _one_sequence_plan(q, k, lo, hi, keep, radius, uniform, mean=False):
     length = k.shape[0]
     layout = SequenceLayout(slot=np.array([0]), twin=np.array([False]), query_start=np.array([0]),
                             num_queries=np.array([length]), seq_len=np.array([length]), kv_start=np.array([0]))
     plan = FillLayout(reuse_start=np.array([lo]), reuse_end=np.array([hi]), keep=np.array([keep]),
-                        radius=np.array([radius]), uniform=np.array([uniform]), dense=np.array([False]))
+                        radius=np.array([radius]), uniform=np.array([uniform]), mean_scoring=np.array([mean]),
+                        dense=np.array([False]))
     inputs = build_step_inputs(
         layout, prompt_tokens=torch.zeros(1, 64, dtype=torch.long), prompt_len=torch.full((1,), 4),
         canvas=torch.zeros(1, 64, dtype=torch.long), block_table=torch.arange(1, 5, dtype=torch.int32)[None],
@@ -355,3 +359,19 @@ def test_scheduler_prices_the_rebuild_step():
     assert track.needs_rebuild and track.tokens == 42 + 8 and track.profile()[:2] == (50, 8)
     track.block_step = 0  # a block's first step refreshes anyway: nothing to rebuild
     assert not track.needs_rebuild and track.tokens == 42
+
+
+def test_max_scoring_keeps_what_single_queries_need_and_mean_blurs_it():
+    """Two block queries read different positions (0 and 2); the mean query sees them
+    at half strength and prefers position 1, which both read a little."""
+    length, lo, hi = 10, 8, 10
+    q = torch.zeros(length, 1, 2)
+    q[8, 0] = torch.tensor([1.0, 0.0])
+    q[9, 0] = torch.tensor([0.0, 1.0])
+    k = torch.zeros(length, 1, 2)
+    k[0, 0], k[1, 0], k[2, 0] = torch.tensor([4.0, -3.0]), torch.tensor([1.0, 1.0]), torch.tensor([-3.0, 4.0])
+    for scoring, kept in {"max": [[0, 2]], "mean": [[0, 1]]}.items():
+        plan = _one_sequence_plan(q, k, lo, hi, keep=2, radius=0, uniform=False, mean=scoring == "mean")
+        assert sparse.kept_context(q, k, plan)[0].tolist() == kept
+        assert sparse_reference.kept_positions(q[lo:hi].transpose(0, 1), k.transpose(0, 1), lo, hi, 2 / 8, 1,
+                                               "head", scoring) == kept

@@ -24,6 +24,7 @@ ARCHITECTURE_KINDS = {"LLaDAModelLM": LLADA, "DreamModel": DREAM}
 LLADA_REMASKING = ("low_confidence", "random")
 CACHE_POLICIES = ("none", "prefix", "dual", "sparse")
 SPARSE_SELECTIONS = ("head", "uniform")  # see attention/sparse.py
+SPARSE_SCORINGS = ("max", "mean")
 MAX_POOL_KERNEL = 63  # the sparse selection's max-pool window (one op per offset)
 DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 DECODING_RULES = ("fixed", "threshold", "factor", "entropy_bound", "hierarchy", "credit")  # see decoding/parallel.py
@@ -52,8 +53,9 @@ class ParallelDecodingOptions:
 class KVCacheOptions:
     """KV reuse across steps (phases.py) and, for `sparse`, what the cache keeps
     (attention/sparse.py): per KV head the `retention` share of the positions outside
-    the active block, ranked by the block's queries max-pooled over `pool_kernel`
-    positions; `selection` uniform keeps one set shared by all heads."""
+    the active block, ranked by the block's queries' logits (`scoring`: the largest,
+    or the mean query's) max-pooled over `pool_kernel` positions; `selection` uniform
+    keeps one set shared by all heads."""
 
     cache: str = "none"
     refresh_interval: int = 0
@@ -61,6 +63,7 @@ class KVCacheOptions:
     retention: float = 0.5
     pool_kernel: int = 3
     selection: str = "head"
+    scoring: str = "max"
 
 
 @dataclass(frozen=True)
@@ -129,8 +132,9 @@ _CACHE_KEYS = {
     "retention": (int, float),
     "pool_kernel": (int,),
     "selection": (str,),
+    "scoring": (str,),
 }
-SPARSE_KEYS = ("retention", "pool_kernel", "selection")
+SPARSE_KEYS = ("retention", "pool_kernel", "selection", "scoring")
 
 # Per-request keys and their accepted types.  bool is checked before int because
 # bool is a subclass of int in Python.
@@ -186,7 +190,7 @@ KIND_NAMES = {LLADA: "LLaDA", DREAM: "Dream"}
 # delay_step None: the policy's own (Sparse-dLLM's one-step delayed update for sparse,
 # none for prefix/dual as in Fast-dLLM); see _delay_step.
 CACHE_DEFAULTS = {"cache": "none", "refresh_interval": 0, "delay_step": None,
-                  "retention": 0.5, "pool_kernel": 3, "selection": "head"}
+                  "retention": 0.5, "pool_kernel": 3, "selection": "head", "scoring": "max"}
 
 PAPER_DEFAULTS: dict[str, dict[str, Any]] = {
     LLADA: {
@@ -254,6 +258,8 @@ def _range_problem(key: str, value: Any, prefix: str = "") -> str | None:
         return f"{prefix}unknown cache policy '{value}': diffusion option 'cache' must be {_one_of(CACHE_POLICIES)}"
     if key == "selection" and value not in SPARSE_SELECTIONS:
         return f"{prefix}unknown selection '{value}': diffusion option 'selection' must be {_one_of(SPARSE_SELECTIONS)}"
+    if key == "scoring" and value not in SPARSE_SCORINGS:
+        return f"{prefix}unknown scoring '{value}': diffusion option 'scoring' must be {_one_of(SPARSE_SCORINGS)}"
     if key == "retention" and not 0 < value <= 1:
         return f"{option} must lie in (0, 1], got {value}"
     if key == "pool_kernel" and not (1 <= value <= MAX_POOL_KERNEL and value % 2 == 1):
@@ -465,6 +471,7 @@ def _cache_options(merged: dict[str, Any], delay_step: int) -> dict[str, Any]:
         retention=float(merged["retention"]),
         pool_kernel=merged["pool_kernel"],
         selection=merged["selection"],
+        scoring=merged["scoring"],
     )
 
 

@@ -4,16 +4,22 @@ them densely into the request's own pool slots.  Imports no vLLM.
 At a sparse request's Refresh (dLLM-Serve 4.5; Sparse-dLLM's selection per head):
 
   * score every context position c (every position outside the Reuse queries: the
-    active block and, for a shifted model, the position before it) per KV head h as
-    q_h . k_c, where q_h is the mean, over the block's queries and over the query
-    heads sharing KV head h, of their (post-RoPE) queries: the mean of the q.k
-    logits, as Sparse-dLLM averages its block queries;
+    active block and, for a shifted model, the position before it) per KV head h from
+    the q.k logits of the block's (post-RoPE) queries of the query heads sharing KV
+    head h, aggregated by `scoring`: `max` (default) takes the largest logit, so a
+    position counts if any block query reads it strongly; `mean` scores with the
+    mean query (the mean logit), as Sparse-dLLM averages its block queries.  On the
+    shipped model, `max` keeps far more accuracy at low retention for both
+    selections (benchmarks/results/sparse-quality): the block's positions need
+    different context positions (a reversed copy, digits of a sum), and the mean
+    query blurs them;
   * max-pool the scores along the context positions (in position order, the block
     left out) with window `pool_kernel`, past the ends padded with -inf as
     MaxPool1D pads;
   * `head`: each KV head keeps its own `kept` best positions; `uniform` (Sparse-dLLM)
-    sums the pooled scores over heads and keeps one set for all.  Ties rank the
-    lower position first (max-pooling makes neighbours tie exactly);
+    sums the pooled scores over heads and keeps one set for all.  Scores are ranked
+    at bfloat16 precision and ties rank the lower position first (max-pooling makes
+    neighbours tie exactly; masked positions tie up to rounding);
   * pack: head h's j-th kept position (in position order) goes to logical slot j of
     the sequence, head h's lane.  RoPE is already applied, so a Reuse step attends
     over slots 0..kept+span-1 with the ordinary paged kernel and keeps no index map.
@@ -56,6 +62,7 @@ class CacheFill:
     radius: torch.Tensor  # int64 [S]: pool_kernel // 2
     max_radius: int
     uniform: torch.Tensor  # bool [S]
+    mean_scoring: torch.Tensor  # bool [S]: score with the mean query, else the largest logit
     dense: torch.Tensor  # bool [S]: keeps every context position (a dense cache's rebuild)
     keep: torch.Tensor  # int64 [S]: positions kept per head
     max_keep: int
@@ -64,21 +71,28 @@ class CacheFill:
     keep_slots: torch.Tensor  # int64 [N]: ...and its pool slot (a dense cache: the position's own)
 
 
-def block_query_means(q: torch.Tensor, plan: CacheFill, num_kv_heads: int) -> torch.Tensor:
-    """[S, H_kv, D] float32: each sequence's Reuse queries averaged over rows and over
-    the query heads of each KV head."""
-    grid = q[plan.block_rows].float() * plan.block_valid[:, :, None, None]
-    mean = grid.sum(dim=1) / plan.block_valid.sum(dim=1).clamp(min=1)[:, None, None]
-    num_seqs, num_heads, head_dim = mean.shape
-    return mean.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim).mean(dim=2)
+def context_logits(q: torch.Tensor, k: torch.Tensor, plan: CacheFill) -> torch.Tensor:
+    """[S, H_kv, C] float32: each context position's logit with the block's queries,
+    per KV head, aggregated over the block's rows and the query heads sharing the KV
+    head: the largest, or (mean scoring) the mean."""
+    num_kv_heads = k.shape[1]
+    grid = q[plan.block_rows].float()  # [S, B, H, D]
+    num_seqs, rows, num_heads, head_dim = grid.shape
+    grid = grid.view(num_seqs, rows, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    keys = k[plan.context_rows].float()  # [S, C, H_kv, D]
+    logits = torch.einsum("sbhgd,schd->shgbc", grid, keys)
+    valid = plan.block_valid[:, None, None, :, None]
+    largest = logits.masked_fill(~valid, float("-inf")).amax(dim=(2, 3))
+    # The mean of the logits is the logit of the mean query (Sparse-dLLM's q-bar).
+    count = plan.block_valid.sum(dim=1).clamp(min=1) * (num_heads // num_kv_heads)
+    mean = (logits * valid).sum(dim=(2, 3)) / count[:, None, None]
+    return torch.where(plan.mean_scoring[:, None, None], mean, largest)
 
 
 def pooled_scores(q: torch.Tensor, k: torch.Tensor, plan: CacheFill) -> torch.Tensor:
     """[S, H_kv, C] float32: max-pooled scores of the context positions (-inf past a
     sequence's context)."""
-    means = block_query_means(q, plan, k.shape[1])
-    keys = k[plan.context_rows].float()  # [S, C, H_kv, D]
-    scores = torch.einsum("shd,schd->shc", means, keys)
+    scores = context_logits(q, k, plan)
     outside = ~plan.context_valid[:, None, :]
     scores = scores.masked_fill(outside, float("-inf"))
     pooled = scores
@@ -99,6 +113,10 @@ def kept_context(q: torch.Tensor, k: torch.Tensor, plan: CacheFill) -> torch.Ten
     pooled = torch.where(plan.dense[:, None, None], 0.0, pooled)  # all tie: position order
     shared = pooled.sum(dim=1, keepdim=True).expand_as(pooled)
     ranking = torch.where(plan.uniform[:, None, None], shared, pooled)
+    # Ranked at bfloat16 precision: positions whose scores agree to 8 significant bits
+    # (mask tokens of the canvas score alike up to rounding) go in position order, so
+    # rounding noise from one kernel to another does not change what is kept.
+    ranking = ranking.to(torch.bfloat16).float()
     # A stable sort keeps equal scores in position order: ties go to the lower position.
     order = torch.sort(ranking, dim=-1, descending=True, stable=True).indices[..., : plan.max_keep]
     rank = torch.arange(plan.max_keep, device=order.device)

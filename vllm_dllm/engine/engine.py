@@ -51,6 +51,7 @@ class SparseParams:
     keep: np.ndarray  # positions each KV head keeps (0 unless sparse)
     radius: np.ndarray
     uniform: np.ndarray
+    mean_scoring: np.ndarray
 
 
 @dataclass
@@ -123,6 +124,7 @@ class StepEngine:
             keep=np.zeros(capacity, dtype=np.int64),
             radius=np.zeros(capacity, dtype=np.int64),
             uniform=np.zeros(capacity, dtype=bool),
+            mean_scoring=np.zeros(capacity, dtype=bool),
         )
         self.slots: dict[str, int] = {}
         self.emitted: dict[str, int] = {}
@@ -179,6 +181,7 @@ class StepEngine:
         sp.keep[slot] = kept_positions(options, len(prompt))
         sp.radius[slot] = options.pool_kernel // 2
         sp.uniform[slot] = options.selection == "uniform"
+        sp.mean_scoring[slot] = options.scoring == "mean"
         self.set_blocks(req_id, block_ids)
 
     def _grow(self) -> None:
@@ -280,7 +283,8 @@ class StepEngine:
             fill = FillLayout(
                 reuse_start=phases.reuse_start[f], reuse_end=phases.reuse_end[f],
                 keep=np.where(is_sparse[f], keep[f], seq_len[f] - span),
-                radius=sp.radius[slots][f], uniform=sp.uniform[slots][f], dense=~is_sparse[f],
+                radius=sp.radius[slots][f], uniform=sp.uniform[slots][f],
+                mean_scoring=sp.mean_scoring[slots][f], dense=~is_sparse[f],
             )
         tokens = (phases.num_queries + rebuilds * seq_len) * copies
         return BatchLayout(layout, fill, phases.refresh, rebuilds, tokens, request_seq, twin_seq)

@@ -51,6 +51,7 @@ class FillLayout:
     keep: np.ndarray  # positions each KV head keeps (dense: the whole context)
     radius: np.ndarray  # pool_kernel // 2
     uniform: np.ndarray  # bool: one kept set for all heads
+    mean_scoring: np.ndarray  # bool: rank by the mean query's logits, else the largest
     dense: np.ndarray  # bool: every context position, at its own slot
 
 
@@ -183,6 +184,7 @@ def _cache_fill(layout: SequenceLayout, fill: FillLayout, cu: np.ndarray, query_
         radius=to_device(fill.radius.astype(np.int64), device),
         max_radius=int(fill.radius.max()),
         uniform=to_device(fill.uniform.astype(bool), device),
+        mean_scoring=to_device(fill.mean_scoring.astype(bool), device),
         dense=to_device(fill.dense.astype(bool), device),
         keep=to_device(fill.keep.astype(np.int64), device),
         max_keep=int(fill.keep.max()),
