@@ -15,6 +15,16 @@ Cases: Refresh of one sequence; Reuse steps (32-query blocks) of N requests over
 context; the LM head + LLaDA rule over N x 32 rows at T = 0 and T = 1; on CUDA, a
 Reuse step of 1 request with CUDA graphs (ours: the engine replaying its captured
 forward; ideal: the whole ideal step captured in one graph).
+
+Sparse vs dense Reuse attention (issue 12): one layer's attention of a Reuse step of
+16 requests x 32-query blocks over a context L, dense (cache dual: each query block
+attends over all L positions) against sparse (cache sparse, retention 0.3: over the
+kept + 32 slots).  Both go through the engine's own path: StepEngine.layout() for
+the requests' phase and slots, build_step_inputs, and the device's backend `attend`
+over one layer's paged pool (random q/k/v and pool contents; the pool holds exactly
+the blocks the scheduler would reserve).  Reported: median ms of `attend` (per
+layer), of build_step_inputs (once per step), and an ideal SDPA over contiguous K/V
+of the same lengths; ratio sparse / dense.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import statistics
 import sys
 import time
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -37,7 +48,9 @@ from vllm_dllm.decoding.base import SpecialIds  # noqa: E402
 from vllm_dllm.decoding.logits import chunked_reduce  # noqa: E402
 from vllm_dllm.engine.engine import StepEngine  # noqa: E402
 from vllm_dllm.engine.op_count import OpCounter  # noqa: E402
+from vllm_dllm.engine.step_inputs import build_step_inputs  # noqa: E402
 from vllm_dllm.engine.torch_model import LLADA_8B, ModelShape, build_model, rms_norm  # noqa: E402
+from vllm_dllm.kv_footprint import sequence_slots  # noqa: E402
 from vllm_dllm.options import LLaDAOptions  # noqa: E402
 
 BLOCK = 32
@@ -45,10 +58,13 @@ BLOCK_SIZE = 16
 SMALL = ModelShape(vocab_size=8192, hidden_size=256, intermediate_size=768, num_layers=4, num_heads=4, num_kv_heads=4)
 
 
-def options(gen: int, cache: str, temperature: float = 0.0) -> LLaDAOptions:
+SPARSE_RETENTION = 0.3
+
+
+def options(gen: int, cache: str, temperature: float = 0.0, **cache_options) -> LLaDAOptions:
     return LLaDAOptions(
         gen_length=gen, steps=gen, block_length=BLOCK, remasking="low_confidence", temperature=temperature,
-        cfg_scale=0.0, logits_eos_inf=False, confidence_eos_eot_inf=False, cache=cache,
+        cfg_scale=0.0, logits_eos_inf=False, confidence_eos_eot_inf=False, cache=cache, **cache_options,
     )
 
 
@@ -147,6 +163,65 @@ def ours_head(model, requests, temperature, timer, reps, device):
     ms = timer.median_ms(run, reps)
     release(model)
     return ms
+
+
+def reuse_attention(model, requests, context, cache, timer, reps, device) -> dict:
+    """One layer's attention in a Reuse step of `requests` 32-query blocks over
+    `context` positions, through the engine's layout, step inputs and backend.
+
+    cache "dual": every block attends over the whole sequence (seq_len = context);
+    "sparse": over the kept positions and the block (seq_len = kept + 32).  The pool
+    is one layer's page tensor with the blocks the scheduler reserves per request."""
+    s = model.shape
+    dtype = next(model.parameters()).dtype
+    extra = {"retention": SPARSE_RETENTION, "delay_step": 1} if cache == "sparse" else {}
+    opts = options(2 * BLOCK, cache, **extra)
+    prompt_len = context - opts.gen_length
+    blocks = -(-sequence_slots(opts, prompt_len) // BLOCK_SIZE)
+    vocab = s.vocab_size
+    engine = StepEngine(
+        model, kind="llada", ids=SpecialIds(mask=vocab - 1, eos=vocab - 2, eot=vocab - 3), capacity=requests,
+        max_model_len=context, block_size=BLOCK_SIZE, max_num_logits=1024, backend=select_backend(device),
+        device=device,
+    )
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    pool = torch.randn(requests * blocks + 1, BLOCK_SIZE, 2, s.num_kv_heads, s.head_dim, generator=gen).to(device, dtype)
+    for i in range(requests):
+        engine.add(f"r{i}", [(17 * i + j) % 1000 + 10 for j in range(prompt_len)], opts, seed=i,
+                   block_ids=list(range(1 + i * blocks, 1 + (i + 1) * blocks)))
+    # Past the block's Refresh steps (and the sparse delayed update): a Reuse step.
+    engine.host.has_cache[:requests] = True
+    engine.host.block_step[:requests] = opts.delay_step + 1
+    batch = engine.layout(np.arange(requests))
+    assert not batch.refresh.any() and not batch.rebuild.any() and batch.fill is None
+
+    def inputs():
+        return build_step_inputs(
+            batch.sequences, prompt_tokens=engine.prompt_tokens, prompt_len=engine.prompt_len,
+            canvas=engine.decode.canvas, snapshot=engine.snapshot, block_table=engine.block_table,
+            block_size=BLOCK_SIZE, mask_id=engine.ids.mask, backend=engine.backend, fill=batch.fill,
+        )
+
+    step = inputs()
+    seq_len = int(batch.sequences.seq_len[0])
+    rows = len(step.positions)
+    q = torch.randn(rows, s.num_heads, s.head_dim, generator=gen).to(device, dtype)
+    k, v = (torch.randn(rows, s.num_kv_heads, s.head_dim, generator=gen).to(device, dtype) for _ in range(2))
+    scale = s.head_dim**-0.5
+    attn_ms = timer.median_ms(lambda: engine.backend.attend(q, k, v, pool, step.metadata, scale), reps)
+    inputs_ms = timer.median_ms(inputs, reps)
+    pool = step = None  # free the pool before the ideal's K/V
+    # Ideal: one SDPA over contiguous K/V of the same length (no pool, no gather).
+    keys, values = (torch.randn(requests, s.num_kv_heads, seq_len, s.head_dim, generator=gen).to(device, dtype)
+                    for _ in range(2))
+    grid = q.view(requests, BLOCK, s.num_heads, s.head_dim).transpose(1, 2)
+    ideal_ms = timer.median_ms(lambda: F.scaled_dot_product_attention(
+        grid, keys, values, scale=scale, enable_gqa=s.num_heads != s.num_kv_heads), reps)
+    keys = values = None
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"cache": cache, "seq_len": seq_len, "kv_blocks_per_request": blocks, "attn_ms": round(attn_ms, 3),
+            "inputs_ms": round(inputs_ms, 3), "ideal_sdpa_ms": round(ideal_ms, 3)}
 
 
 # ---- ideal ------------------------------------------------------------------
@@ -269,6 +344,10 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="small model and contexts (CPU)")
     parser.add_argument("--out", type=pathlib.Path, required=True)
     parser.add_argument("--reps", type=int, default=None)
+    parser.add_argument("--sparse-contexts", default="4096,16384",
+                        help="contexts of the sparse vs dense Reuse attention cases")
+    parser.add_argument("--sparse-requests", type=int, default=16)
+    parser.add_argument("--only-sparse", action="store_true", help="run only the sparse vs dense cases")
     args = parser.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -283,7 +362,7 @@ def main() -> None:
     torch.set_grad_enabled(False)
     model = build_model(shape, dtype, device)
 
-    cases = []
+    cases, sparse_cases = [], []
 
     def record(case, requests, context, ours, ideal):
         cases.append({"case": case, "requests": requests, "context": context, "ours_ms": round(ours, 3),
@@ -291,6 +370,21 @@ def main() -> None:
         print(f"{case:>10} {requests:>4} x {context:<6} ours {ours:9.2f} ms  ideal {ideal:9.2f} ms  "
               f"ratio {ours / ideal:5.2f}", flush=True)
 
+    for context in [int(c) for c in args.sparse_contexts.split(",") if c]:
+        runs = {cache: reuse_attention(model, args.sparse_requests, context, cache, timer, reps, device)
+                for cache in ("dual", "sparse")}
+        dense, sparse = runs["dual"], runs["sparse"]
+        row = {"case": "reuse_attention", "requests": args.sparse_requests, "context": context,
+               "retention": SPARSE_RETENTION, "dense": dense, "sparse": sparse,
+               "ratio": round(sparse["attn_ms"] / dense["attn_ms"], 3),
+               "ideal_ratio": round(sparse["ideal_sdpa_ms"] / dense["ideal_sdpa_ms"], 3),
+               "kv_ratio": round(sparse["seq_len"] / dense["seq_len"], 3)}
+        sparse_cases.append(row)
+        print(f"reuse attention {args.sparse_requests} x {context}: dense {dense['attn_ms']:.2f} ms "
+              f"(seq {dense['seq_len']}), sparse r={SPARSE_RETENTION} {sparse['attn_ms']:.2f} ms "
+              f"(seq {sparse['seq_len']}), ratio {row['ratio']:.3f} (ideal SDPA {row['ideal_ratio']:.3f})", flush=True)
+    if args.only_sparse:
+        refresh_contexts, contexts = (), ()
     for context in refresh_contexts:
         record("refresh", 1, context, ours_refresh(model, context, timer, reps, device),
                ideal_refresh(model, context, timer, reps, device))
@@ -306,7 +400,7 @@ def main() -> None:
         record("reuse_graphed", 1, contexts[0],
                ours_reuse(model, 1, contexts[0], timer, reps, device, cuda_graphs=True),
                ideal_reuse_graphed(model, 1, contexts[0], timer, reps, device))
-    for temperature in (0.0, 1.0):
+    for temperature in () if args.only_sparse else (0.0, 1.0):
         record(f"head_T{temperature:g}", head_requests, BLOCK,
                ours_head(model, head_requests, temperature, timer, reps, device),
                ideal_head(model, head_requests, temperature, timer, reps, device))
@@ -319,7 +413,8 @@ def main() -> None:
         "graphs": "case reuse_graphed" if device.type == "cuda" else "CUDA only: not measured on a CPU",
         "reps": reps,
         "cases": cases,
-        "op_counts": op_counts(device),
+        "sparse_reuse_attention": sparse_cases,
+        "op_counts": [] if args.only_sparse else op_counts(device),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -328,6 +423,16 @@ def main() -> None:
               for c in cases]
     lines += ["", "| requests | ops per step | sync ops per step |", "|---|---|---|"]
     lines += [f"| {r['requests']} | {r['ops_per_step']} | {r['sync_ops_per_step']} |" for r in result["op_counts"]]
+    lines += ["", f"Reuse attention, one layer, sparse (retention {SPARSE_RETENTION}) vs dense (dual), "
+              f"backend {result['backend']}: median ms of `attend` per layer, of build_step_inputs per step, "
+              "and of an ideal SDPA over contiguous K/V of the same length.", "",
+              "| requests | context | dense seq | sparse seq | dense attend ms | sparse attend ms | sparse/dense "
+              "| dense inputs ms | sparse inputs ms | ideal dense ms | ideal sparse ms | ideal sparse/dense |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['requests']} | {r['context']} | {r['dense']['seq_len']} | {r['sparse']['seq_len']} | "
+              f"{r['dense']['attn_ms']} | {r['sparse']['attn_ms']} | {r['ratio']} | {r['dense']['inputs_ms']} | "
+              f"{r['sparse']['inputs_ms']} | {r['dense']['ideal_sdpa_ms']} | {r['sparse']['ideal_sdpa_ms']} | "
+              f"{r['ideal_ratio']} |" for r in sparse_cases]
     (args.out / "table.md").write_text(f"Device: {result['device']}, torch {result['torch']}\n\n" + "\n".join(lines) + "\n")
     print("\n".join(lines))
 
