@@ -16,6 +16,15 @@ Configurations (server-wide `--additional-config '{"dllm": ...}'`):
   c  dual cache, phase-multiplexed greedy admission (Reuse steps free headroom)
   d  (c) with lookahead admission: future Refresh peaks never exceed the budget
   e  (c) with parallel decoding: Fast-dLLM's confidence threshold 0.9
+  s5 (c) with the sparse KV cache, retention 0.5 (each KV head keeps half the
+     context; a request reserves KV for kept + block slots, not its whole sequence)
+  s3 (c) with the sparse KV cache, retention 0.3
+
+KV usage: while each `vllm bench serve` run is in flight a background thread polls
+/metrics (every --poll-interval s) for vLLM's gauges vllm:kv_cache_usage_perc and
+vllm:num_requests_running / _waiting; results record their peak and mean (table.md:
+peak and mean KV usage, peak running requests).  With a KV-limited pool
+(--kv-cache-bytes) this shows how many requests each configuration admits at once.
 
 Workloads: random prompts of three shapes (burst, osc, livebench), and `tasks`: the
 shipped task model's held-out prompts (an equal mix of the four tasks, chat template
@@ -33,6 +42,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -45,6 +55,8 @@ CONFIGS = {
     "c": {"cache": "dual", "admission": "greedy"},
     "d": {"cache": "dual", "admission": "lookahead"},
     "e": {"cache": "dual", "admission": "greedy", "decoding": "threshold", "threshold": 0.9},
+    "s5": {"cache": "sparse", "admission": "greedy", "retention": 0.5},
+    "s3": {"cache": "sparse", "admission": "greedy", "retention": 0.3},
 }
 LABELS = {
     "a": "(a) exact, static batching",
@@ -52,6 +64,8 @@ LABELS = {
     "c": "(c) dual cache, phase-multiplexed",
     "d": "(d) (c) + lookahead admission",
     "e": "(e) (c) + threshold decoding",
+    "s5": "(s5) (c) + sparse KV, retention 0.5",
+    "s3": "(s3) (c) + sparse KV, retention 0.3",
 }
 # Shapes after the dLLM-Serve paper's workloads, scaled to a 2-core CPU.
 WORKLOADS = {
@@ -95,6 +109,17 @@ METRICS = [
 ]
 
 
+# vLLM's own gauges, polled during each run (kv_cache_usage_perc is a fraction in [0, 1]).
+GAUGES = {
+    "vllm:kv_cache_usage_perc": "kv_usage",
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    # the plugin's: KV slots the running requests hold, and would hold dense
+    "vllm:diffusion_kv_slots": "kv_slots",
+    "vllm:diffusion_kv_dense_slots": "kv_dense_slots",
+}
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -111,6 +136,59 @@ def scrape(base: str) -> dict[str, float]:
     return out
 
 
+def scrape_gauges(base: str) -> dict[str, float]:
+    text = urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in GAUGES:
+            key = GAUGES[name]
+            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+class GaugePoller:
+    """Polls the server's gauges in a background thread while a run is in flight."""
+
+    def __init__(self, base: str, interval: float):
+        self.base, self.interval = base, interval
+        self.samples: list[dict[str, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.samples.append(scrape_gauges(self.base))
+            except OSError:
+                pass
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> "GaugePoller":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict:
+        def values(key):
+            return [s[key] for s in self.samples if key in s]
+
+        kv, running, waiting = values("kv_usage"), values("running"), values("waiting")
+        return {
+            "kv_usage_peak": round(max(kv), 4) if kv else None,
+            "kv_usage_mean": round(sum(kv) / len(kv), 4) if kv else None,
+            "running_peak": int(max(running)) if running else None,
+            "running_mean": round(sum(running) / len(running), 2) if running else None,
+            "waiting_peak": int(max(waiting)) if waiting else None,
+            "kv_slots_peak": int(max(values("kv_slots"))) if values("kv_slots") else None,
+            "kv_dense_slots_peak": int(max(values("kv_dense_slots"))) if values("kv_dense_slots") else None,
+            "gauge_samples": len(self.samples),
+        }
+
+
 class Server:
     def __init__(self, model: str, config: dict, args, log: pathlib.Path):
         self.port = free_port()
@@ -123,6 +201,8 @@ class Server:
             "--gpu-memory-utilization", "0.3", "--enforce-eager", "--shutdown-timeout", "10",
             "--additional-config", json.dumps({"dllm": dllm}),
         ]
+        if args.block_size is not None:
+            cmd += ["--block-size", str(args.block_size)]
         self.log = log.open("w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + 300
@@ -159,7 +239,8 @@ def bench(server: Server, model: str, workload: str, rate: float, args, result_d
     result_dir.mkdir(parents=True, exist_ok=True)
     before = scrape(server.base)
     started = time.time()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=args.run_timeout)
+    with GaugePoller(server.base, args.poll_interval) as poller:
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=args.run_timeout)
     wall = time.time() - started
     after = scrape(server.base)
     raw = json.loads((result_dir / f"{name}.json").read_text())
@@ -174,13 +255,15 @@ def bench(server: Server, model: str, workload: str, rate: float, args, result_d
         "mean_ttft_ms": raw.get("mean_ttft_ms"),
         "wall_s": round(wall, 1),
         **deltas,
+        **poller.summary(),
     }
 
 
 def write_report(results: dict, out: pathlib.Path, baseline: str = "b") -> None:
     x = f"x ({baseline})"
-    rows = [f"| workload | rate | config | committed tok/s | {x} | mean latency s | {x} | p99 latency s | {x} | delayed steps |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [f"| workload | rate | config | committed tok/s | {x} | mean latency s | {x} | p99 latency s | {x} | delayed steps "
+            "| peak KV usage | mean KV usage | peak running |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for workload in sorted({r["workload"] for rs in results.values() for r in rs}):
         rates = sorted({r["rate"] for rs in results.values() for r in rs if r["workload"] == workload})
         for rate in rates:
@@ -196,12 +279,19 @@ def write_report(results: dict, out: pathlib.Path, baseline: str = "b") -> None:
                     value = base[key] / r[key] if invert else r[key] / base[key]
                     return f"{value:.2f}"
 
+                def share(key):
+                    return "n/a" if r.get(key) is None else f"{r[key]:.1%}"
+
                 rows.append(
                     f"| {workload} | {rate} | {config} | {r['committed_tok_s']:.1f} | {ratio('committed_tok_s')} | "
                     f"{r['mean_e2el_ms'] / 1000:.2f} | {ratio('mean_e2el_ms', True)} | {r['p99_e2el_ms'] / 1000:.2f} | "
-                    f"{ratio('p99_e2el_ms', True)} | {int(r.get('delayed_steps', 0))} |"
+                    f"{ratio('p99_e2el_ms', True)} | {int(r.get('delayed_steps', 0))} | {share('kv_usage_peak')} | "
+                    f"{share('kv_usage_mean')} | {r.get('running_peak', 'n/a')} |"
                 )
-    notes = f"Latency ratios are ({baseline}) / config: above 1 means lower latency than ({baseline}).\n"
+    notes = (f"Latency ratios are ({baseline}) / config: above 1 means lower latency than ({baseline}).\n"
+             "KV usage and running requests: vLLM's gauges vllm:kv_cache_usage_perc and "
+             "vllm:num_requests_running, polled from /metrics while the run was in flight (the mean "
+             "includes the run's ramp-up and drain).\n")
     (out / "table.md").write_text("\n".join(rows) + "\n\n" + notes)
     try:
         import matplotlib
@@ -244,6 +334,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-num-batched-tokens", type=int, default=1024)
     ap.add_argument("--max-num-seqs", type=int, default=16)
     ap.add_argument("--kv-cache-bytes", type=int, default=512 << 20)
+    ap.add_argument("--block-size", type=int, default=None, help="KV block size (default: the plugin's, 128 on CPU)")
+    ap.add_argument("--poll-interval", type=float, default=0.5, help="seconds between /metrics gauge polls")
     ap.add_argument("--run-timeout", type=int, default=1800)
     ap.add_argument("--hidden", type=int, default=256, help="size of the generated model")
     ap.add_argument("--layers", type=int, default=4)
