@@ -13,7 +13,10 @@ uses steps = canvas length (one token per step) and the same blocks per task:
                   sparse vs dual+delay1 isolates the effect of dropping positions
   sparse r s      cache sparse, retention r, selection s (head: every KV head keeps
                   its own top-k context positions; uniform: one set shared by all
-                  heads, Sparse-dLLM's method); delay_step 1, pool_kernel 3
+                  heads); delay_step 1, pool_kernel 3, positions scored by their
+                  largest logit with the block's queries (scoring max, the default)
+  sparse r s mean the same scored by the mean query (scoring mean); uniform mean is
+                  Sparse-dLLM's own method
 
 Writes results.json (one row per setting and task), results.md (accuracy [95% Wilson
 interval] per setting and task, and a computed check: head vs uniform per retention
@@ -34,6 +37,7 @@ from vllm_dllm.tasks import TASKS
 
 RETENTIONS = (0.1, 0.2, 0.3, 0.5, 1.0)
 SELECTIONS = ("head", "uniform")
+SCORINGS = ("max", "mean")
 DENSE = {
     "exact": None,
     "dual": {"cache": "dual"},
@@ -41,13 +45,17 @@ DENSE = {
 }
 
 
-def settings(retentions, selections) -> list[tuple[dict, dict | None]]:
+def settings(retentions, selections, scorings) -> list[tuple[dict, dict | None]]:
     """(labels, options) per setting; options None is exact decoding (no xargs)."""
-    out = [({"policy": name, "retention": None, "selection": None}, opts) for name, opts in DENSE.items()]
-    for r in retentions:
-        for s in selections:
-            out.append(({"policy": "sparse", "retention": r, "selection": s},
-                        {"cache": "sparse", "retention": r, "selection": s}))
+    out = [({"policy": name, "retention": None, "selection": None, "scoring": None}, opts)
+           for name, opts in DENSE.items()]
+    for scoring in scorings:
+        for r in retentions:
+            if scoring != "max" and r == 1.0:
+                continue  # everything is kept: the scoring cannot matter
+            for s in selections:
+                out.append(({"policy": "sparse", "retention": r, "selection": s, "scoring": scoring},
+                            {"cache": "sparse", "retention": r, "selection": s, "scoring": scoring}))
     return out
 
 
@@ -60,7 +68,8 @@ def xargs_for(options: dict | None, task: str) -> dict:
 def setting_name(row: dict) -> str:
     if row["policy"] != "sparse":
         return row["policy"]
-    return f"sparse r={row['retention']:g} {row['selection']}"
+    mean = " mean" if row.get("scoring") == "mean" else ""
+    return f"sparse r={row['retention']:g} {row['selection']}{mean}"
 
 
 def newcombe(r1: dict, r2: dict) -> tuple[float, float]:
@@ -79,7 +88,9 @@ def pts(x: float) -> str:
 
 def check_lines(rows: list[dict]) -> list[str]:
     tasks = list(dict.fromkeys(r["task"] for r in rows))
-    sparse = {(r["retention"], r["selection"], r["task"]): r for r in rows if r["policy"] == "sparse"}
+    # The checks are for the default scoring (max); the mean rows are for comparison.
+    sparse = {(r["retention"], r["selection"], r["task"]): r for r in rows
+              if r["policy"] == "sparse" and r.get("scoring", "max") == "max"}
     dense = {(r["policy"], r["task"]): r for r in rows if r["policy"] != "sparse"}
     retentions = sorted({r["retention"] for r in rows if r["policy"] == "sparse"})
     lines = ["## Checks", ""]
@@ -157,14 +168,19 @@ def plot(rows: list[dict], out: pathlib.Path) -> None:
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.8), sharey=True, squeeze=False)
     axes = axes[0]
     for ax, task in zip(axes, tasks):
-        for selection, marker in (("head", "o"), ("uniform", "s")):
+        for (selection, scoring), (marker, line) in {
+            ("head", "max"): ("o", "-"), ("uniform", "max"): ("s", "-"),
+            ("head", "mean"): ("o", "--"), ("uniform", "mean"): ("s", "--"),
+        }.items():
             sel = sorted((r["retention"], r["accuracy"], r["ci95"]) for r in rows
-                         if r["task"] == task and r["policy"] == "sparse" and r["selection"] == selection)
+                         if r["task"] == task and r["policy"] == "sparse" and r["selection"] == selection
+                         and r.get("scoring", "max") == scoring)
             if sel:
                 x, y, ci = zip(*sel)
                 # Wilson bounds at 0 or 1 can land a rounding error on the wrong side.
                 err = [[max(0.0, yy - c[0]) for yy, c in zip(y, ci)], [max(0.0, c[1] - yy) for yy, c in zip(y, ci)]]
-                ax.errorbar(x, y, yerr=err, marker=marker, capsize=3, label=f"sparse {selection}", alpha=0.85)
+                label = f"sparse {selection}" + (" (mean query)" if scoring == "mean" else "")
+                ax.errorbar(x, y, yerr=err, marker=marker, linestyle=line, capsize=3, label=label, alpha=0.85)
         for policy, style, color in (("exact", "-", "black"), ("dual", "--", "tab:green"),
                                      ("dual+delay1", ":", "tab:red")):
             ref = [r["accuracy"] for r in rows if r["task"] == task and r["policy"] == policy]
@@ -186,6 +202,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--retentions", default=",".join(map(str, RETENTIONS)))
     ap.add_argument("--selections", default=",".join(SELECTIONS))
+    ap.add_argument("--scorings", default=",".join(SCORINGS))
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results/sparse-quality"))
     ap.add_argument("--from-results", action="store_true",
@@ -201,7 +218,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     retentions = [float(r) for r in args.retentions.split(",")]
     points = [(labels, task, xargs_for(options, task))
-              for labels, options in settings(retentions, args.selections.split(","))
+              for labels, options in settings(retentions, args.selections.split(","), args.scorings.split(","))
               for task in args.tasks.split(",")]
     rows = run_points(args.model, points, args.n, args.seed)
     (args.out / "results.json").write_text(
