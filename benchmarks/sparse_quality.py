@@ -168,9 +168,9 @@ def plot(rows: list[dict], out: pathlib.Path) -> None:
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.8), sharey=True, squeeze=False)
     axes = axes[0]
     for ax, task in zip(axes, tasks):
-        for (selection, scoring), (marker, line) in {
-            ("head", "max"): ("o", "-"), ("uniform", "max"): ("s", "-"),
-            ("head", "mean"): ("o", "--"), ("uniform", "mean"): ("s", "--"),
+        for (selection, scoring), (marker, line, color) in {
+            ("head", "max"): ("o", "-", "tab:blue"), ("uniform", "max"): ("s", "-", "tab:orange"),
+            ("head", "mean"): ("o", "--", "tab:purple"), ("uniform", "mean"): ("s", "--", "tab:brown"),
         }.items():
             sel = sorted((r["retention"], r["accuracy"], r["ci95"]) for r in rows
                          if r["task"] == task and r["policy"] == "sparse" and r["selection"] == selection
@@ -180,7 +180,8 @@ def plot(rows: list[dict], out: pathlib.Path) -> None:
                 # Wilson bounds at 0 or 1 can land a rounding error on the wrong side.
                 err = [[max(0.0, yy - c[0]) for yy, c in zip(y, ci)], [max(0.0, c[1] - yy) for yy, c in zip(y, ci)]]
                 label = f"sparse {selection}" + (" (mean query)" if scoring == "mean" else "")
-                ax.errorbar(x, y, yerr=err, marker=marker, linestyle=line, capsize=3, label=label, alpha=0.85)
+                ax.errorbar(x, y, yerr=err, marker=marker, linestyle=line, color=color, capsize=3, label=label,
+                            alpha=0.85)
         for policy, style, color in (("exact", "-", "black"), ("dual", "--", "tab:green"),
                                      ("dual+delay1", ":", "tab:red")):
             ref = [r["accuracy"] for r in rows if r["task"] == task and r["policy"] == policy]
