@@ -227,6 +227,7 @@ def llada_generate(
         parallel_parameters(rule_params)
     )
     assert cache in CACHE_POLICIES, f"cache must be one of {CACHE_POLICIES}"
+    assert (cache == "sparse") == (sparse is not None), "sparse's parameters go with cache='sparse' only"
     assert refresh_interval >= 0, "refresh_interval must be >= 0"
     prompt_len = len(prompt_ids)
     x = torch.tensor([list(prompt_ids) + [mask_id] * gen_length], dtype=torch.long)
@@ -481,6 +482,8 @@ def dream_generate(
     threshold, factor, gamma, low_threshold, credit_alpha, credit_decay, credit_boost, max_tokens_per_step = (
         parallel_parameters(rule_params)
     )
+    assert cache in CACHE_POLICIES, f"cache must be one of {CACHE_POLICIES}"
+    assert (cache == "sparse") == (sparse is not None), "sparse's parameters go with cache='sparse' only"
     prompt_len = len(prompt_ids)
     assert mask_id not in prompt_ids
     x = torch.tensor([list(prompt_ids) + [mask_id] * max_new_tokens], dtype=torch.long)

@@ -704,11 +704,12 @@ class CacheRecorder:
         self.calls: list[dict] = []
         self.last_kv = None
 
-    def forward_queries(self, ids, query_positions=None, kv_cache=None, return_kv=False):
-        snapshot = None if kv_cache is None else [(k.clone(), v.clone()) for k, v in kv_cache]
-        out, kv = self.model.forward_queries(ids, query_positions, kv_cache, return_kv)
+    def forward_queries(self, ids, query_positions=None, kv_cache=None, return_kv=False, **options):
+        snapshot = None if kv_cache is None else [(k.clone(), v.clone()) for k, v, *_ in kv_cache]
+        out, kv = self.model.forward_queries(ids, query_positions, kv_cache, return_kv, **options)
         if snapshot is not None:  # a Reuse never writes the cache
-            assert all(torch.equal(k, k2) and torch.equal(v, v2) for (k, v), (k2, v2) in zip(kv_cache, snapshot))
+            assert all(torch.equal(k, k2) and torch.equal(v, v2)
+                       for (k, v, *_), (k2, v2) in zip(kv_cache, snapshot))
         self.calls.append(dict(
             ids=ids.clone(),
             positions=None if query_positions is None else torch.as_tensor(query_positions).tolist(),
@@ -870,7 +871,9 @@ def test_llada_cache_schedule_unchanged(llada):
 
 
 @pytest.mark.parametrize("bad", [
-    dict(cache="sparse"),
+    dict(cache="lru"),
+    dict(cache="sparse"),  # without its parameters
+    dict(cache="dual", sparse={"retention": 0.5, "pool_kernel": 3, "selection": "head"}),
     dict(cache="dual", delay_step=4),  # 4 steps per block
     dict(cache="dual", delay_step=-1),
     dict(cache="prefix", refresh_interval=-1),

@@ -617,9 +617,10 @@ def test_metrics_show_a_sparse_request_kv_footprint(server, client):
     wait_idle(client, server)
     before = metrics(client)
     out = complete(
-        client, server, prompt="The quick brown fox", max_tokens=16,
+        client, server, prompt="The quick brown fox", max_tokens=16, ignore_eos=True,
         vllm_xargs={"steps": 16, "block_length": 8, "cache": "sparse", "retention": 0.5},
     )
+    assert out["choices"][0]["finish_reason"] == "length"  # every step ran (no early EOS)
     seq_len = out["usage"]["prompt_tokens"] + 16
     expected = {
         "vllm:diffusion_kv_slots": math.ceil(0.5 * (seq_len - 8)) + 8,
