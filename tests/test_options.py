@@ -1,4 +1,4 @@
-"""Unit tests for vllm_dllm/options.py: precedence, validation, serialisation.
+"""Unit tests for vllm_dllm/options.py and server_defaults.py: precedence, validation, serialisation.
 
 Pure: no engine, no model.
 """
@@ -8,17 +8,16 @@ from __future__ import annotations
 import pytest
 
 from vllm_dllm.options import (
-    DEFAULT_MAX_NUM_LOGITS,
     DREAM,
     LLADA,
     PAPER_DEFAULTS,
     DreamOptions,
     LLaDAOptions,
     OptionError,
-    ServerDefaults,
     resolve,
     sequence_copies,
 )
+from vllm_dllm.server_defaults import DEFAULT_MAX_NUM_LOGITS, ServerDefaults
 
 
 def llada(gen_config=None, server=None) -> ServerDefaults:

@@ -6,7 +6,8 @@ the server's `--additional-config '{"dllm": {...}}'`, the request's
 top_k and seed are vLLM's own SamplingParams fields and are read from there.
 
 Everything here is pure: the same function validates a request in the API process,
-prices it in the scheduler and configures its decoding in the worker.
+prices it in the scheduler and configures its decoding in the worker.  The
+server-wide settings these resolve against live in server_defaults.py.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vllm_dllm.server_defaults import ServerDefaults
 
 LLADA = "llada"
 DREAM = "dream"
@@ -179,8 +183,6 @@ def is_filter(key: str, value: Any) -> bool:
         return False
     return value not in NEUTRAL_TOP_K if key == "top_k" else value < NEUTRAL_TOP_P
 
-ADMISSION_MODES = ("greedy", "lookahead", "reserve", "static")
-ATTENTION_BACKENDS = ("torch", "triton", "flash")  # see attention/backends.py
 
 # vLLM's own fields: naming them in extra_args would be ambiguous (Dream's top_k /
 # top_p excepted, see _REQUEST_KEYS).
@@ -210,8 +212,6 @@ PAPER_DEFAULTS: dict[str, dict[str, Any]] = {
         **PARALLEL_DEFAULTS,
     },
 }
-
-DEFAULT_MAX_NUM_LOGITS = 1024
 
 
 def _check_type(key: str, value: Any, types: tuple[type, ...], prefix: str = "") -> None:
@@ -353,87 +353,13 @@ def defaults_from_generation_config(kind: str, gen_config: dict[str, Any]) -> di
     return out
 
 
-@dataclass(frozen=True)
-class ServerDefaults:
-    """Resolved server-wide settings, shared by every process of one engine."""
-
-    kind: str
-    overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
-    max_num_logits: int = DEFAULT_MAX_NUM_LOGITS
-    admission: str = "greedy"  # see scheduler/plan.py: greedy, lookahead, reserve, static
-    attention_backend: str | None = None  # None: chosen by device
-
-    @classmethod
-    def build(
-        cls, kind: str, generation_config: dict[str, Any], server: dict[str, Any]
-    ) -> "ServerDefaults":
-        if not isinstance(server, dict):
-            raise OptionError(f"{SERVER}'dllm' must be a JSON object, got {type(server).__name__}")
-        server = dict(server)
-        max_num_logits = server.pop("max_num_logits", DEFAULT_MAX_NUM_LOGITS)
-        if type(max_num_logits) is not int or max_num_logits < 2:
-            # Classifier-free guidance projects a conditional and an unconditional
-            # row per position in one chunk.
-            raise OptionError(f"{SERVER}'max_num_logits' must be an integer of at least 2, got {max_num_logits!r}")
-        admission = server.pop("admission", "greedy")
-        if admission not in ADMISSION_MODES:
-            raise OptionError(
-                f"{SERVER}'admission' must be one of {', '.join(ADMISSION_MODES)}, got {admission!r}"
-            )
-        attention_backend = server.pop("attention_backend", None)
-        if attention_backend is not None and attention_backend not in ATTENTION_BACKENDS:
-            raise OptionError(
-                f"{SERVER}'attention_backend' must be one of "
-                f"{', '.join(ATTENTION_BACKENDS)}, got {attention_backend!r}"
-            )
-        for key in DREAM_FILTER_KEYS:
-            if kind == DREAM and key in server:
-                # One source of server-wide sampling defaults: vLLM's, which it also
-                # applies itself at temperature > 0.
-                raise OptionError(
-                    f"{SERVER}'{key}' is a standard sampling parameter: set its server-wide default "
-                    f"with vLLM's --override-generation-config '{{\"{key}\": ...}}'"
-                )
-        merged = dict(PAPER_DEFAULTS[kind])
-        merged.update(defaults_from_generation_config(kind, generation_config))
-        server = check_overrides(kind, server, SERVER)
-        _check_cache_knobs({**merged, **server}, server, SERVER)
-        merged.update(server)
-        return cls(
-            kind=kind,
-            overrides=merged,
-            max_num_logits=max_num_logits,
-            admission=admission,
-            attention_backend=attention_backend,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "overrides": dict(self.overrides),
-            "max_num_logits": self.max_num_logits,
-            "admission": self.admission,
-            "attention_backend": self.attention_backend,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ServerDefaults":
-        return cls(
-            kind=data["kind"],
-            overrides=dict(data["overrides"]),
-            max_num_logits=int(data["max_num_logits"]),
-            admission=data.get("admission", "greedy"),
-            attention_backend=data.get("attention_backend"),
-        )
-
-
 def _positive_int(name: str, value: int) -> int:
     if value <= 0:
         raise OptionError(f"'{name}' must be a positive integer, got {value}")
     return value
 
 
-def _check_cache_knobs(merged: dict[str, Any], given: dict[str, Any], prefix: str) -> None:
+def check_cache_knobs(merged: dict[str, Any], given: dict[str, Any], prefix: str) -> None:
     """refresh_interval and delay_step shape a KV cache, retention, pool_kernel and
     selection a sparse one; without one they would be silently ignored.  Only values
     set at this level are refused, so a request that turns the cache off is not
@@ -561,7 +487,7 @@ def _parallel_options(merged: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _dream_filter(key: str, request: dict, field: float, defaults: ServerDefaults) -> Any:
+def _dream_filter(key: str, request: dict, field: float, defaults: "ServerDefaults") -> Any:
     """A Dream top_k / top_p value: the request's extra_args, else vLLM's field (not
     neutral only at temperature > 0: vLLM resets it below 1e-5), else the server's
     default (generation_config.json / --override-generation-config)."""
@@ -573,7 +499,7 @@ def _dream_filter(key: str, request: dict, field: float, defaults: ServerDefault
 
 
 def resolve(
-    defaults: ServerDefaults,
+    defaults: "ServerDefaults",
     *,
     max_tokens: int | None,
     temperature: float,
@@ -608,7 +534,7 @@ def resolve(
                     f"one token per step, so use at most {gen_length} steps"
                 )
             steps = gen_length  # a server/generation_config default: the same tokens
-        _check_cache_knobs(merged, request, "")
+        check_cache_knobs(merged, request, "")
         _check_decoding(merged, request, "")
         block_length, delay_step = _block_length(merged, request, gen_length, steps)
         return LLaDAOptions(
@@ -631,7 +557,7 @@ def resolve(
             f"steps={steps} is more than {MAX_STEPS_PER_TOKEN} per generated token "
             f"(max_tokens={gen_length})"
         )
-    _check_cache_knobs(merged, request, "")
+    check_cache_knobs(merged, request, "")
     _check_decoding(merged, request, "")
     block_length, delay_step = _block_length(merged, request, gen_length, steps)
     alg_temp = merged.get("alg_temp")

@@ -18,9 +18,9 @@ from vllm_dllm.options import (
     DREAM_FILTER_KEYS,
     LLADA,
     OptionError,
-    ServerDefaults,
     is_filter,
 )
+from vllm_dllm.server_defaults import ServerDefaults
 
 logger = init_logger(__name__)
 
