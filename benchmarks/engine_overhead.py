@@ -62,7 +62,11 @@ HERE = pathlib.Path(__file__).resolve().parent
 # default 1 per local rank on x86/ARM, kept for the engine-core process).  On a
 # 2-core machine that leaves the worker one OpenMP thread on core 0.
 SETTINGS = {
+    # whatever the environment and the plugin give (the plugin sets
+    # VLLM_CPU_NUM_OF_RESERVED_CPU=0 on machines of at most 2 usable CPUs).
     "default": {},
+    # vLLM's own default: one core kept for the engine core.
+    "vllm-default": {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"},
     # auto binding without the reserved core: the worker's OpenMP threads on every
     # core of the node (same as VLLM_CPU_OMP_THREADS_BIND=0-<n-1> here).
     "all-cores": {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"},
@@ -320,7 +324,7 @@ def run_child(args: argparse.Namespace) -> dict:
     max_batched = max(args.max_num_batched_tokens, refresh_tokens)
     llm = LLM(
         model=model,
-        dtype="float32",
+        dtype=args.dtype,
         max_model_len=512,
         max_num_seqs=max(args.num_requests, 32),
         max_num_batched_tokens=max_batched,
@@ -370,7 +374,7 @@ def run_child(args: argparse.Namespace) -> dict:
         "worker_thread_affinities": runs[-1]["worker_thread_affinities"],
         "workload": {"num_requests": len(prompts), "tasks": {t: tasks.count(t) for t in sorted(set(tasks))},
                      "prompt_tokens": [len(p) for p in prompts], "canvas": CANVAS, "xargs": XARGS,
-                     "ignore_eos": True, "refresh_tokens_all": refresh_tokens,
+                     "ignore_eos": True, "dtype": args.dtype, "refresh_tokens_all": refresh_tokens,
                      "max_num_batched_tokens": max_batched, "max_num_seqs": max(args.num_requests, 32)},
         "warmup_wall_s": [warmup["wall_s"]],
         "repeats": runs,
@@ -470,7 +474,7 @@ def run_setting(args: argparse.Namespace, name: str, round_: int, failures: dict
         cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--child", name,
                "--child-out", str(child_out), "--repeats", str(args.repeats),
                "--num-requests", str(args.num_requests), "--seed", str(args.seed),
-               "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+               "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--dtype", args.dtype]
         if args.model:
             cmd += ["--model", args.model]
         print(f"[{tag}] {' '.join(f'{k}={v}' for k, v in SETTINGS[name].items())} {' '.join(cmd)}",
@@ -516,6 +520,8 @@ def main() -> None:
                         help="raised to the all-Refresh step's tokens if that is larger")
     parser.add_argument("--seed", type=int, default=0, help="task instance sampling")
     parser.add_argument("--model", default=None, help="default: the shipped task model")
+    parser.add_argument("--dtype", default="float32",
+                        help="model dtype (vLLM's --dtype); 'auto' is the checkpoint's (bfloat16 for the shipped model)")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per setting")
     parser.add_argument("--child", choices=sorted(SETTINGS), help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=pathlib.Path, help=argparse.SUPPRESS)

@@ -2,6 +2,7 @@
 
     python benchmarks/step_bench.py --out benchmarks/results/step-gpu     # CUDA, bf16, 8B shape
     python benchmarks/step_bench.py --small --out benchmarks/results/step  # CPU, small shape
+    python benchmarks/step_bench.py --smoke --out /tmp/step-smoke          # every case, toy sizes
 
 Imports no vLLM, so it runs on a bare GPU machine (torch + triton).  Each case runs
 our engine (vllm_dllm.engine.StepEngine over the paged pool, with the backend chosen
@@ -56,6 +57,9 @@ from vllm_dllm.options import LLaDAOptions  # noqa: E402
 BLOCK = 32
 BLOCK_SIZE = 16
 SMALL = ModelShape(vocab_size=8192, hidden_size=256, intermediate_size=768, num_layers=4, num_heads=4, num_kv_heads=4)
+# --smoke: every case and code path of a full run at toy sizes, so a run on a scarce
+# GPU machine is not the first time the script meets that device's branches.
+TOY = ModelShape(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=2)
 
 
 SPARSE_RETENTION = 0.3
@@ -323,9 +327,9 @@ def ideal_head(model, requests, temperature, timer, reps, device):
 # ---- op counts --------------------------------------------------------------
 
 
-def op_counts(device) -> list[dict]:
+def op_counts(device, shape: ModelShape = SMALL) -> list[dict]:
     """Ops of one Reuse step at 1, 4 and 16 requests (same phase mix), small model."""
-    model = build_model(SMALL, torch.float32, device)
+    model = build_model(shape, torch.float32, device)
     rows = []
     for requests in (1, 4, 16):
         engine = make_engine(model, requests, 256, device)
@@ -342,6 +346,8 @@ def op_counts(device) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--small", action="store_true", help="small model and contexts (CPU)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="every case at toy sizes, one repetition: checks the script, measures nothing")
     parser.add_argument("--out", type=pathlib.Path, required=True)
     parser.add_argument("--reps", type=int, default=None)
     parser.add_argument("--sparse-contexts", default="4096,16384",
@@ -351,7 +357,11 @@ def main() -> None:
     args = parser.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if args.small:
+    if args.smoke:
+        shape, dtype, contexts, reuse_requests, refresh_contexts, head_requests = (
+            TOY, torch.float32 if device.type == "cpu" else torch.bfloat16, (64,), (1, 4), (64,), 4)
+        args.sparse_contexts, args.sparse_requests, args.reps = "256", 4, args.reps or 1
+    elif args.small:
         shape, dtype, contexts, reuse_requests, refresh_contexts, head_requests = (
             SMALL, torch.float32, (128, 512), (1, 4, 16, 64), (128, 512), 16)
     else:
@@ -414,7 +424,7 @@ def main() -> None:
         "reps": reps,
         "cases": cases,
         "sparse_reuse_attention": sparse_cases,
-        "op_counts": [] if args.only_sparse else op_counts(device),
+        "op_counts": [] if args.only_sparse else op_counts(device, TOY if args.smoke else SMALL),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")

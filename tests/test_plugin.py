@@ -10,7 +10,8 @@ import pytest
 from vllm.engine.arg_utils import EngineArgs
 
 import vllm_dllm
-from vllm_dllm.compat import DEFAULT_BLOCK_SIZE, V2_RUNNER_ENV, check_vllm_version
+from vllm_dllm import compat
+from vllm_dllm.compat import DEFAULT_BLOCK_SIZE, RESERVED_CPU_ENV, V2_RUNNER_ENV, check_vllm_version
 from vllm_dllm.server_config import CPU_WORKER_CLS, RESOLVED_KEY, SCHEDULER_CLS, VALIDATOR_CLS
 
 
@@ -63,6 +64,17 @@ def test_diffusion_models_get_our_worker_scheduler_and_validator(tiny_dirs, arch
     assert resolved["max_num_logits"] == 64
 
 
+@pytest.mark.parametrize("cpus", [2, 16])
+def test_a_small_machine_serves_with_every_core(tiny_dirs, monkeypatch, cpus):
+    """vLLM keeps one core from its CPU worker for the engine core; on a 2-core
+    machine that halves the compute (benchmarks/results/engine-overhead/)."""
+    vllm_dllm.register()
+    monkeypatch.delenv(RESERVED_CPU_ENV, raising=False)
+    monkeypatch.setattr(compat.os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    engine_config(tiny_dirs("llada"))
+    assert os.environ.get(RESERVED_CPU_ENV) == ("0" if cpus <= compat.SMALL_MACHINE_CPUS else None)
+
+
 def test_a_chosen_block_size_is_kept(tiny_dirs):
     vllm_dllm.register()
     config = engine_config(tiny_dirs("llada"), block_size=64)
@@ -96,6 +108,19 @@ def test_other_models_are_untouched(tmp_path):
     assert config.scheduler_config.scheduler_cls in (None, "vllm.v1.core.sched.scheduler.Scheduler")
     assert not config.model_config.logits_processors
     assert RESOLVED_KEY not in config.additional_config
+
+
+def test_other_models_keep_vllms_cpu_reservation(tmp_path, monkeypatch):
+    vllm_dllm.register()
+    monkeypatch.delenv(RESERVED_CPU_ENV, raising=False)
+    monkeypatch.setattr(compat.os, "sched_getaffinity", lambda pid: {0})
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 2,
+        "num_hidden_layers": 1, "vocab_size": 256, "max_position_embeddings": 256,
+    }))
+    engine_config(tmp_path, skip_tokenizer_init=True)
+    assert RESERVED_CPU_ENV not in os.environ
 
 
 def test_diffusion_metrics_only_for_our_architectures(tmp_path, tiny_dirs):

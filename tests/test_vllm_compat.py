@@ -171,3 +171,50 @@ def test_v2_runner_is_switched_off_when_unset():
 def test_a_user_asking_for_v2_gets_a_clear_error():
     with pytest.raises(RuntimeError, match="VLLM_USE_V2_MODEL_RUNNER=1"):
         compat.keep_v1_model_runner({compat.V2_RUNNER_ENV: "1"})
+
+
+# ---- CPU worker threads on small machines -----------------------------------------------------
+
+
+def test_a_small_machine_gives_the_worker_every_core():
+    environ = {}
+    assert compat.reserve_no_cpu_on_small_machine(environ, usable_cpus=compat.SMALL_MACHINE_CPUS)
+    assert environ == {compat.RESERVED_CPU_ENV: "0"}
+    assert compat.reserve_no_cpu_on_small_machine({}, usable_cpus=1)
+
+
+def test_a_larger_machine_keeps_vllms_reserved_core():
+    environ = {}
+    assert not compat.reserve_no_cpu_on_small_machine(environ, usable_cpus=compat.SMALL_MACHINE_CPUS + 1)
+    assert environ == {}
+
+
+def test_the_users_reserved_cpu_setting_wins():
+    environ = {compat.RESERVED_CPU_ENV: "1"}
+    assert not compat.reserve_no_cpu_on_small_machine(environ, usable_cpus=1)
+    assert environ == {compat.RESERVED_CPU_ENV: "1"}
+
+
+def test_vllms_thread_binding_reads_the_reserved_cpu_setting(monkeypatch):
+    """The variable does what the default relies on: with 0 reserved, vLLM's automatic
+    binding gives the one local worker every allowed CPU of its NUMA node."""
+    from types import SimpleNamespace
+
+    from vllm.utils import cpu_resource_utils
+    from vllm.utils.ompmultiprocessing import OMPProcessManager
+
+    monkeypatch.setenv(compat.RESERVED_CPU_ENV, "0")
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "auto")
+    config = SimpleNamespace(
+        parallel_config=SimpleNamespace(local_world_size=1, data_parallel_rank_local=0, _api_process_count=1),
+        kv_transfer_config=None,
+    )
+    manager = OMPProcessManager(config)
+    node = cpu_resource_utils.get_visible_memory_node()[0]
+    node_cpus = [cpu for cpu in cpu_resource_utils.get_allowed_cpu_list() if cpu.numa_node == node]
+    assert manager.reserve_cpu_num == 0
+    assert manager.reserved_cpu_list == []
+    # x86 binds one logical CPU per physical core: one per core of the node, none kept back.
+    assert len(manager.cpu_lists) == 1
+    assert len(manager.cpu_lists[0]) == len({cpu.physical_core for cpu in node_cpus})
+    assert set(manager.cpu_lists[0]) <= {cpu.id for cpu in node_cpus}

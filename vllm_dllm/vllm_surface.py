@@ -386,6 +386,8 @@ LITERALS: tuple[Literal, ...] = (
     Literal("vllm.plugins", "vllm.endpoint_plugins",
             "pyproject entry point dllm = vllm_dllm.frontend:DiffusionEndpoints"),
     Literal("vllm.envs", "VLLM_USE_V2_MODEL_RUNNER", "server_config keeps the V2 runner off"),
+    Literal("vllm.envs", "VLLM_CPU_NUM_OF_RESERVED_CPU",
+            "server_config gives the CPU worker every core of a small machine"),
 )
 
 # ---- behaviour reviewed, per version -----------------------------------------------------------

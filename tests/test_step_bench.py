@@ -1,0 +1,43 @@
+"""benchmarks/step_bench.py end to end at toy sizes, with vLLM made unimportable.
+
+The step engine (batch state, step inputs, attention backends, decoding rules, RNG)
+and its benchmark must run where torch and triton are installed but vLLM is not: the
+GPU machine sometimes lent to a session (../shared/GPU.md).  A vLLM import creeping
+into any of them would only show there, on scarce device time; so would a broken
+case of the benchmark.  `--smoke` runs every case the full run has, at toy sizes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+def test_step_bench_runs_every_case_without_vllm(tmp_path):
+    script = str(REPO_ROOT / "benchmarks" / "step_bench.py")
+    # `sys.modules["vllm"] = None` makes every `import vllm...` in that process raise ImportError.
+    code = (
+        "import runpy, sys; sys.modules['vllm'] = None; "
+        f"sys.argv = ['step_bench.py', '--smoke', '--out', {str(tmp_path)!r}]; "
+        f"runpy.run_path({script!r}, run_name='__main__')"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert {"device", "torch", "shape", "cases", "op_counts", "sparse_reuse_attention"} <= set(result)
+    cases = {c["case"] for c in result["cases"]}
+    assert {"refresh", "reuse", "head_T0", "head_T1"} <= cases
+    for case in result["cases"]:
+        assert set(case) == {"case", "requests", "context", "ours_ms", "ideal_ms", "ratio"}
+        assert case["ours_ms"] > 0 and case["ideal_ms"] > 0
+        assert abs(case["ratio"] - case["ours_ms"] / case["ideal_ms"]) <= 0.01 * case["ratio"] + 1e-3
+    assert {r["requests"] for r in result["op_counts"]} == {1, 4, 16}
+    # One engine step dispatches as many ops at 16 requests as at 1.
+    assert len({r["ops_per_step"] for r in result["op_counts"]}) == 1
+    sparse = result["sparse_reuse_attention"]
+    assert sparse and sparse[0]["sparse"]["seq_len"] < sparse[0]["dense"]["seq_len"]
+    assert (tmp_path / "table.md").read_text().startswith("Device: ")
