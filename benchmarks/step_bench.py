@@ -188,8 +188,11 @@ def reuse_attention(model, requests, context, cache, timer, reps, device) -> dic
         max_model_len=context, block_size=BLOCK_SIZE, max_num_logits=1024, backend=select_backend(device),
         device=device,
     )
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    pool = torch.randn(requests * blocks + 1, BLOCK_SIZE, 2, s.num_kv_heads, s.head_dim, generator=gen).to(device, dtype)
+    # Random contents made on the device, in the model's dtype: at L = 16384 the pool
+    # holds ~2G values, tens of seconds to draw on the host.
+    gen = torch.Generator(device=device).manual_seed(0)
+    pool = torch.randn(requests * blocks + 1, BLOCK_SIZE, 2, s.num_kv_heads, s.head_dim, generator=gen,
+                       device=device, dtype=dtype)
     for i in range(requests):
         engine.add(f"r{i}", [(17 * i + j) % 1000 + 10 for j in range(prompt_len)], opts, seed=i,
                    block_ids=list(range(1 + i * blocks, 1 + (i + 1) * blocks)))
@@ -209,15 +212,15 @@ def reuse_attention(model, requests, context, cache, timer, reps, device) -> dic
     step = inputs()
     seq_len = int(batch.sequences.seq_len[0])
     rows = len(step.positions)
-    q = torch.randn(rows, s.num_heads, s.head_dim, generator=gen).to(device, dtype)
-    k, v = (torch.randn(rows, s.num_kv_heads, s.head_dim, generator=gen).to(device, dtype) for _ in range(2))
+    q = torch.randn(rows, s.num_heads, s.head_dim, generator=gen, device=device, dtype=dtype)
+    k, v = (torch.randn(rows, s.num_kv_heads, s.head_dim, generator=gen, device=device, dtype=dtype) for _ in range(2))
     scale = s.head_dim**-0.5
     attn_ms = timer.median_ms(lambda: engine.backend.attend(q, k, v, pool, step.metadata, scale), reps)
     inputs_ms = timer.median_ms(inputs, reps)
     pool = step = None  # free the pool before the ideal's K/V
     # Ideal: one SDPA over contiguous K/V of the same length (no pool, no gather).
-    keys, values = (torch.randn(requests, s.num_kv_heads, seq_len, s.head_dim, generator=gen).to(device, dtype)
-                    for _ in range(2))
+    keys, values = (torch.randn(requests, s.num_kv_heads, seq_len, s.head_dim, generator=gen, device=device,
+                                dtype=dtype) for _ in range(2))
     grid = q.view(requests, BLOCK, s.num_heads, s.head_dim).transpose(1, 2)
     ideal_ms = timer.median_ms(lambda: F.scaled_dot_product_attention(
         grid, keys, values, scale=scale, enable_gqa=s.num_heads != s.num_kv_heads), reps)
@@ -343,6 +346,30 @@ def op_counts(device, shape: ModelShape = SMALL) -> list[dict]:
     return rows
 
 
+def save(result: dict, out: pathlib.Path) -> str:
+    """Write results.json and table.md; returns the table."""
+    cases, sparse_cases = result["cases"], result["sparse_reuse_attention"]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = ["| case | requests | context | ours ms | ideal ms | ratio |", "|---|---|---|---|---|---|"]
+    lines += [f"| {c['case']} | {c['requests']} | {c['context']} | {c['ours_ms']} | {c['ideal_ms']} | {c['ratio']} |"
+              for c in cases]
+    lines += ["", "| requests | ops per step | sync ops per step |", "|---|---|---|"]
+    lines += [f"| {r['requests']} | {r['ops_per_step']} | {r['sync_ops_per_step']} |" for r in result["op_counts"]]
+    lines += ["", f"Reuse attention, one layer, sparse (retention {SPARSE_RETENTION}) vs dense (dual), "
+              f"backend {result['backend']}: median ms of `attend` per layer, of build_step_inputs per step, "
+              "and of an ideal SDPA over contiguous K/V of the same length.", "",
+              "| requests | context | dense seq | sparse seq | dense attend ms | sparse attend ms | sparse/dense "
+              "| dense inputs ms | sparse inputs ms | ideal dense ms | ideal sparse ms | ideal sparse/dense |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['requests']} | {r['context']} | {r['dense']['seq_len']} | {r['sparse']['seq_len']} | "
+              f"{r['dense']['attn_ms']} | {r['sparse']['attn_ms']} | {r['ratio']} | {r['dense']['inputs_ms']} | "
+              f"{r['sparse']['inputs_ms']} | {r['dense']['ideal_sdpa_ms']} | {r['sparse']['ideal_sdpa_ms']} | "
+              f"{r['ideal_ratio']} |" for r in sparse_cases]
+    (out / "table.md").write_text(f"Device: {result['device']}, torch {result['torch']}\n\n" + "\n".join(lines) + "\n")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--small", action="store_true", help="small model and contexts (CPU)")
@@ -372,13 +399,25 @@ def main() -> None:
     torch.set_grad_enabled(False)
     model = build_model(shape, dtype, device)
 
-    cases, sparse_cases = [], []
+    result = {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+        "torch": torch.__version__,
+        "shape": {**shape.__dict__, "dtype": str(dtype).replace("torch.", "")},
+        "backend": select_backend(device).name,
+        "graphs": "case reuse_graphed" if device.type == "cuda" else "CUDA only: not measured on a CPU",
+        "reps": reps,
+        "cases": [],
+        "sparse_reuse_attention": [],
+        "op_counts": [],
+    }
+    cases, sparse_cases = result["cases"], result["sparse_reuse_attention"]
 
     def record(case, requests, context, ours, ideal):
         cases.append({"case": case, "requests": requests, "context": context, "ours_ms": round(ours, 3),
                       "ideal_ms": round(ideal, 3), "ratio": round(ours / ideal, 3)})
         print(f"{case:>10} {requests:>4} x {context:<6} ours {ours:9.2f} ms  ideal {ideal:9.2f} ms  "
               f"ratio {ours / ideal:5.2f}", flush=True)
+        save(result, args.out)  # after every case: a crash later keeps what was measured
 
     for context in [int(c) for c in args.sparse_contexts.split(",") if c]:
         runs = {cache: reuse_attention(model, args.sparse_requests, context, cache, timer, reps, device)
@@ -390,6 +429,7 @@ def main() -> None:
                "ideal_ratio": round(sparse["ideal_sdpa_ms"] / dense["ideal_sdpa_ms"], 3),
                "kv_ratio": round(sparse["seq_len"] / dense["seq_len"], 3)}
         sparse_cases.append(row)
+        save(result, args.out)
         print(f"reuse attention {args.sparse_requests} x {context}: dense {dense['attn_ms']:.2f} ms "
               f"(seq {dense['seq_len']}), sparse r={SPARSE_RETENTION} {sparse['attn_ms']:.2f} ms "
               f"(seq {sparse['seq_len']}), ratio {row['ratio']:.3f} (ideal SDPA {row['ideal_ratio']:.3f})", flush=True)
@@ -406,7 +446,7 @@ def main() -> None:
                 continue
             record("reuse", requests, context, ours_reuse(model, requests, context, timer, reps, device),
                    ideal_reuse(model, requests, context, timer, reps, device))
-    if device.type == "cuda":
+    if device.type == "cuda" and contexts:
         record("reuse_graphed", 1, contexts[0],
                ours_reuse(model, 1, contexts[0], timer, reps, device, cuda_graphs=True),
                ideal_reuse_graphed(model, 1, contexts[0], timer, reps, device))
@@ -415,36 +455,9 @@ def main() -> None:
                ours_head(model, head_requests, temperature, timer, reps, device),
                ideal_head(model, head_requests, temperature, timer, reps, device))
 
-    result = {
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
-        "torch": torch.__version__,
-        "shape": {**shape.__dict__, "dtype": str(dtype).replace("torch.", "")},
-        "backend": select_backend(device).name,
-        "graphs": "case reuse_graphed" if device.type == "cuda" else "CUDA only: not measured on a CPU",
-        "reps": reps,
-        "cases": cases,
-        "sparse_reuse_attention": sparse_cases,
-        "op_counts": [] if args.only_sparse else op_counts(device, TOY if args.smoke else SMALL),
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
-    lines = ["| case | requests | context | ours ms | ideal ms | ratio |", "|---|---|---|---|---|---|"]
-    lines += [f"| {c['case']} | {c['requests']} | {c['context']} | {c['ours_ms']} | {c['ideal_ms']} | {c['ratio']} |"
-              for c in cases]
-    lines += ["", "| requests | ops per step | sync ops per step |", "|---|---|---|"]
-    lines += [f"| {r['requests']} | {r['ops_per_step']} | {r['sync_ops_per_step']} |" for r in result["op_counts"]]
-    lines += ["", f"Reuse attention, one layer, sparse (retention {SPARSE_RETENTION}) vs dense (dual), "
-              f"backend {result['backend']}: median ms of `attend` per layer, of build_step_inputs per step, "
-              "and of an ideal SDPA over contiguous K/V of the same length.", "",
-              "| requests | context | dense seq | sparse seq | dense attend ms | sparse attend ms | sparse/dense "
-              "| dense inputs ms | sparse inputs ms | ideal dense ms | ideal sparse ms | ideal sparse/dense |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['requests']} | {r['context']} | {r['dense']['seq_len']} | {r['sparse']['seq_len']} | "
-              f"{r['dense']['attn_ms']} | {r['sparse']['attn_ms']} | {r['ratio']} | {r['dense']['inputs_ms']} | "
-              f"{r['sparse']['inputs_ms']} | {r['dense']['ideal_sdpa_ms']} | {r['sparse']['ideal_sdpa_ms']} | "
-              f"{r['ideal_ratio']} |" for r in sparse_cases]
-    (args.out / "table.md").write_text(f"Device: {result['device']}, torch {result['torch']}\n\n" + "\n".join(lines) + "\n")
-    print("\n".join(lines))
+    if not args.only_sparse:
+        result["op_counts"] = op_counts(device, TOY if args.smoke else SMALL)
+    print(save(result, args.out))
 
 
 if __name__ == "__main__":

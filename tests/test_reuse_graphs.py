@@ -4,9 +4,14 @@ captured function on the graph's own buffers (what a replay does on a GPU)."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
 
 from vllm_dllm.attention.backends import TorchAttention, write_kv
 from vllm_dllm.engine.engine import StepEngine
@@ -54,6 +59,65 @@ class RerunCapture:
         def replay():
             self.replays += 1
             output.copy_(fn())
+
+        return replay, output
+
+
+class _Tape(TorchDispatchMode):
+    """Records every op a function dispatches, with the tensors it reads and makes."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+        self.made: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.ops.append((func, args, kwargs, out))
+        self.made.update(id(t) for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
+        return out
+
+
+class TapeCapture:
+    """A closer CPU stand-in for torch.cuda.graph: the captured function is run once
+    and dropped; replay re-executes the recorded ops on the recorded tensors.  Like a
+    CUDA graph, the tape owns what the capture allocated (its private pool) but only
+    points at the tensors it read from outside: a replay after one of those was freed
+    fails, where on a GPU it would read reused memory."""
+
+    class FreedInput(RuntimeError):
+        pass
+
+    def __call__(self, fn, pool):
+        with _Tape() as tape:
+            output = fn()
+        del fn
+
+        def hold(value):
+            if not isinstance(value, torch.Tensor) or id(value) in tape.made:
+                return value
+            return weakref.ref(value)  # made outside the capture: pointed at, not owned
+
+        ops = [(func, tree_map(hold, args), tree_map(hold, kwargs), out) for func, args, kwargs, out in tape.ops]
+
+        def resolve(value):
+            if isinstance(value, weakref.ref):
+                value = value()
+                if value is None:
+                    raise TapeCapture.FreedInput("the captured forward reads a tensor freed after capture")
+            return value
+
+        def replay():
+            gc.collect()
+            for func, args, kwargs, out in ops:
+                result = func(*tree_map(resolve, args), **tree_map(resolve, kwargs))
+                writes = any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
+                if func.is_view or writes:
+                    continue  # recorded views alias their bases; in-place ops wrote their arguments
+                for recorded, fresh in zip(tree_flatten(out)[0], tree_flatten(result)[0]):
+                    if isinstance(recorded, torch.Tensor):
+                        recorded.copy_(fresh)
 
         return replay, output
 
@@ -123,6 +187,20 @@ def test_graphed_reuse_steps_equal_eager_steps(cfg):
     for a, b in zip(graphed.model.attention_layers(), eager.model.attention_layers()):
         torch.testing.assert_close(a.kv_cache[1:], b.kv_cache[1:], rtol=1e-5, atol=1e-5)
         assert not torch.equal(a.kv_cache[0], b.kv_cache[0])  # padding wrote the scratch block only
+
+
+def test_a_replay_reads_only_tensors_the_graphs_own():
+    """The captured forward is dropped after capture, as torch.cuda.graph leaves it:
+    every tensor a replay reads (static buffers, the frozen metadata) must still be
+    alive, and the replays still give the eager engine's tokens."""
+    options = llada(gen=32, steps=32, block=32, cache="dual")
+    schedule = [3, 3, 3, 2, 3, 3]
+    got, expected = [], []
+    for engine, out in ((engine_with(PagedReference(), TapeCapture()), got), (engine_with(PagedReference()), expected)):
+        ids = add_requests(engine, 3, options)
+        for count in schedule:
+            out.append(engine.step(ids[:count]).new_tokens)
+    assert got == expected
 
 
 def test_padding_never_writes_blocks_a_finished_request_handed_on():

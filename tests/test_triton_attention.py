@@ -201,7 +201,11 @@ def build_inputs(case: Case, device: str):
         max_query_len=max(q_lens),
         scale=d**-0.5,
     )
-    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+    on_device = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+    if case.strided_q:  # a copy to the device is contiguous: slice the device's own qkv
+        on_device["q"] = qkv.to(device, dtype)[:, : h * d].view(total, h, d)
+        assert not on_device["q"].is_contiguous()
+    return on_device
 
 
 def reference(q, kv_cache, query_start_loc, seq_lens, kv_start, block_table, max_query_len, scale):

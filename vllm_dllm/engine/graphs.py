@@ -79,6 +79,9 @@ class _Graph:
     kv_start: torch.Tensor
     block_table: torch.Tensor
     padding: dict[str, torch.Tensor]  # the padded tail of each buffer, restored every step
+    # The metadata the captured forward reads.  A CUDA graph keeps raw device
+    # pointers, not references: every tensor it reads must be owned here.
+    meta: AttentionMetadata | None = None
 
 
 class ReuseGraphs:
@@ -174,7 +177,7 @@ class ReuseGraphs:
 
     def _capture(self, graph: _Graph, key: tuple[int, int, bool], meta: AttentionMetadata) -> None:
         bucket, q, has_kv_offset = key
-        static_meta = replace(
+        graph.meta = replace(
             meta,
             query_start_loc=(torch.arange(bucket + 1, device=self.device, dtype=torch.int32) * q),
             seq_lens=graph.seq_lens,
@@ -188,7 +191,7 @@ class ReuseGraphs:
         )
 
         def run() -> torch.Tensor:
-            with attention_metadata(static_meta):
+            with attention_metadata(graph.meta):
                 return self.model(graph.input_ids, graph.positions)
 
         graph.replay, graph.output = self.capture(run, self.pool)

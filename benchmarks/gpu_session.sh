@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# What a session does with the GPU machine when one is lent (../shared/GPU.md: torch,
+# triton, numpy and pytest, but no vLLM and no network), as the device tool's `run`
+# command, which has a 10-minute limit per call and writes results under $OUT:
+#
+#   bash benchmarks/gpu_session.sh check   # ~1 min: step_bench at toy sizes on CUDA
+#                                          #  (every case and branch), then the Triton
+#                                          #  kernels compiled, against their torch references
+#   bash benchmarks/gpu_session.sh bench   # the LLaDA-8B-shaped step_bench (bf16)
+#
+# `check` first: it fails in seconds where the long run would fail after minutes.
+# Commit $OUT/step-gpu as benchmarks/results/step-gpu/ and name the device.
+set -uo pipefail
+stage=${1:?usage: gpu_session.sh check|bench}
+out=${OUT:-/tmp/gpu-session}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+cd "$(dirname "$0")/.."
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
+    2>&1 | tee "$out/device.txt"
+
+case "$stage" in
+check)
+    python3 benchmarks/step_bench.py --smoke --out "$out/smoke" 2>&1 | tee "$out/smoke.log" || exit 1
+    python3 -m pytest -q -p no:cacheprovider tests/test_step_bench.py tests/test_triton_attention.py \
+        tests/test_philox.py 2>&1 | tee "$out/triton-tests.log"
+    ;;
+bench)
+    python3 benchmarks/step_bench.py --out "$out/step-gpu" 2>&1 | tee "$out/step-gpu.log"
+    ;;
+*)
+    echo "unknown stage $stage: check or bench" >&2
+    exit 2
+    ;;
+esac
