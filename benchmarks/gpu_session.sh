@@ -15,19 +15,20 @@ stage=${1:?usage: gpu_session.sh check|bench}
 out=${OUT:-/tmp/gpu-session}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}  # the GPU machine's python3 holds torch
 cd "$(dirname "$0")/.."
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
+  "$py" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
     2>&1 | tee "$out/device.txt"
 
 case "$stage" in
 check)
-    python3 benchmarks/step_bench.py --smoke --out "$out/smoke" 2>&1 | tee "$out/smoke.log" || exit 1
-    python3 -m pytest -q -p no:cacheprovider tests/test_step_bench.py tests/test_triton_attention.py \
+    "$py" benchmarks/step_bench.py --smoke --out "$out/smoke" 2>&1 | tee "$out/smoke.log" || exit 1
+    "$py" -m pytest -q -p no:cacheprovider tests/test_step_bench.py tests/test_triton_attention.py \
         tests/test_philox.py 2>&1 | tee "$out/triton-tests.log"
     ;;
 bench)
-    python3 benchmarks/step_bench.py --out "$out/step-gpu" 2>&1 | tee "$out/step-gpu.log"
+    "$py" benchmarks/step_bench.py --out "$out/step-gpu" 2>&1 | tee "$out/step-gpu.log"
     ;;
 *)
     echo "unknown stage $stage: check or bench" >&2
