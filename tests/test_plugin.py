@@ -75,6 +75,13 @@ def test_a_small_machine_serves_with_every_core(tiny_dirs, monkeypatch, cpus):
     assert os.environ.get(RESERVED_CPU_ENV) == ("0" if cpus <= compat.SMALL_MACHINE_CPUS else None)
 
 
+def test_a_quantized_kv_cache_is_refused_at_startup(tiny_dirs):
+    vllm_dllm.register()
+    with pytest.raises(ValueError, match="--kv-cache-dtype fp8 is not supported by vllm-dllm"):
+        engine_config(tiny_dirs("llada"), kv_cache_dtype="fp8")
+    engine_config(tiny_dirs("llada"), kv_cache_dtype="auto")
+
+
 def test_a_chosen_block_size_is_kept(tiny_dirs):
     vllm_dllm.register()
     config = engine_config(tiny_dirs("llada"), block_size=64)

@@ -218,3 +218,34 @@ def test_vllms_thread_binding_reads_the_reserved_cpu_setting(monkeypatch):
     assert len(manager.cpu_lists) == 1
     assert len(manager.cpu_lists[0]) == len({cpu.physical_core for cpu in node_cpus})
     assert set(manager.cpu_lists[0]) <= {cpu.id for cpu in node_cpus}
+
+
+# ---- vLLM's compilation stays off for our models ----------------------------------------------
+
+
+def test_unset_compilation_modes_are_turned_off():
+    from vllm.config import CompilationConfig
+    from vllm.config.compilation import CompilationMode, CUDAGraphMode
+
+    config = CompilationConfig()
+    compat.keep_vllm_compilation_off(config)
+    assert config.mode == CompilationMode.NONE and config.cudagraph_mode == CUDAGraphMode.NONE
+    chosen = CompilationConfig(mode=CompilationMode.VLLM_COMPILE, cudagraph_mode=CUDAGraphMode.PIECEWISE)
+    compat.keep_vllm_compilation_off(chosen)
+    assert chosen.mode == CompilationMode.VLLM_COMPILE and chosen.cudagraph_mode == CUDAGraphMode.PIECEWISE
+
+
+def test_with_modes_off_vllm_keeps_its_custom_ops_on(tiny_dirs):
+    """What the setting is for: once the modes are off, vLLM resolves custom_ops to
+    'all' (its fused kernels) rather than 'none' (native forms left to Inductor)."""
+    from vllm.config import CompilationConfig
+    from vllm.engine.arg_utils import EngineArgs
+
+    import vllm_dllm
+
+    vllm_dllm.register()
+    compilation = CompilationConfig()
+    compat.keep_vllm_compilation_off(compilation)
+    config = EngineArgs(model=tiny_dirs("llada"), max_model_len=256,
+                        compilation_config=compilation).create_engine_config()
+    assert "all" in config.compilation_config.custom_ops

@@ -122,3 +122,20 @@ def reserve_no_cpu_on_small_machine(environ=os.environ, usable_cpus: int | None 
         return False
     environ[RESERVED_CPU_ENV] = "0"
     return True
+
+
+def keep_vllm_compilation_off(compilation_config) -> None:
+    """No torch.compile and no vLLM CUDA graphs for our models, unless the user asked.
+
+    Our runner never compiles the model nor captures vLLM's graphs (Reuse steps have
+    graphs of their own, engine/graphs.py), but vLLM's CUDA default (VLLM_COMPILE)
+    also turns its custom ops off, expecting Inductor to fuse their native forms:
+    RMSNorm, SiluAndMul and rotary embedding would then run unfused.  Unset modes are
+    resolved after the model-config hook runs, so setting them here decides them.
+    """
+    from vllm.config.compilation import CompilationMode, CUDAGraphMode
+
+    if compilation_config.mode is None:
+        compilation_config.mode = CompilationMode.NONE
+    if compilation_config.cudagraph_mode is None:
+        compilation_config.cudagraph_mode = CUDAGraphMode.NONE

@@ -16,6 +16,7 @@ from vllm.logger import init_logger
 from vllm_dllm.compat import (
     RESERVED_CPU_ENV,
     keep_v1_model_runner,
+    keep_vllm_compilation_off,
     reserve_no_cpu_on_small_machine,
     set_default_block_size,
 )
@@ -147,6 +148,9 @@ class DiffusionConfigHook:
         # default moved between vLLM versions (compat.py).
         keep_v1_model_runner()
         set_default_block_size(vllm_config.cache_config, _device())
+        if _device() == "cuda":
+            keep_vllm_compilation_off(vllm_config.compilation_config)
+        _check_kv_cache_dtype(vllm_config.cache_config, model_config)
         if _device() == "cpu" and reserve_no_cpu_on_small_machine():
             logger.info(
                 "%d usable CPUs: giving vLLM's CPU worker all of them (%s=0; set it to "
@@ -171,6 +175,18 @@ class DiffusionConfigHook:
         processors = list(model_config.logits_processors or [])
         if VALIDATOR_CLS not in processors:
             model_config.logits_processors = [VALIDATOR_CLS, *processors]
+
+
+def _check_kv_cache_dtype(cache_config, model_config) -> None:
+    """K/V stay in the model's dtype: the pool has no scales for a quantized cache."""
+    from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
+
+    if kv_cache_dtype_str_to_dtype(cache_config.cache_dtype, model_config) != model_config.dtype:
+        dtype = str(model_config.dtype).removeprefix("torch.")
+        raise ValueError(
+            f"--kv-cache-dtype {cache_config.cache_dtype} is not supported by vllm-dllm: the KV "
+            f"cache holds K/V in the model's dtype ({dtype}); leave it at auto"
+        )
 
 
 def _worker_cls(vllm_config) -> str:

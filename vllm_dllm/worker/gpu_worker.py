@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import torch
+from vllm.logger import init_logger
+from vllm.utils.mem_utils import memory_profiling
 from vllm.v1.worker.gpu_worker import Worker
 
 from vllm_dllm.worker.runner import DiffusionModelRunner
+
+logger = init_logger(__name__)
 
 
 class DiffusionGPUWorker(Worker):
@@ -14,15 +18,19 @@ class DiffusionGPUWorker(Worker):
 
     @torch.inference_mode()
     def determine_available_memory(self) -> int:
-        """Free memory after a dummy step at the token and logits caps."""
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        self.model_runner.profile_step()
-        torch.cuda.synchronize()
-        free, total = torch.cuda.mem_get_info()
-        peak_extra = torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()
-        budget = total * self.cache_config.gpu_memory_utilization - (total - free) - peak_extra
-        return max(int(budget), 0)
+        """KV cache bytes, with vLLM's semantics: `--kv-cache-memory` when given, else
+        this instance's share of the device (`--gpu-memory-utilization` of what was
+        free at start) minus what it uses outside the cache: the weights, and the
+        peak of a dummy step at the token and logits caps (vLLM's memory_profiling
+        empties torch's cache before measuring, so the peak is counted once)."""
+        if kv_cache_bytes := self.cache_config.kv_cache_memory_bytes:
+            self.model_runner.profile_step()  # the caps must still fit, and Triton compiles
+            return int(kv_cache_bytes)
+        with memory_profiling(self.init_snapshot, weights_memory=self.model_runner.model_memory_usage) as profile:
+            self.model_runner.profile_step()
+        available = self.requested_memory - profile.non_kv_cache_memory
+        logger.info("Diffusion step profiled: %s; KV cache gets %.2f GiB", profile, available / (1 << 30))
+        return max(int(available), 0)
 
     def compile_or_warm_up_model(self):
         from vllm.v1.worker.worker_base import CompilationTimes

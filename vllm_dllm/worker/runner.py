@@ -37,6 +37,10 @@ def unseeded_seed(req_id: str, engine_seed: int | None) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
+def _device_memory_allocated(device: torch.device) -> int:
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+
+
 @dataclass
 class DiffusionRunnerOutput(ModelRunnerOutput):
     """vLLM's runner output plus what the step cost (for the scheduler's metrics) and
@@ -64,6 +68,7 @@ class DiffusionModelRunner:
             vllm_config.cache_config.cache_dtype, self.model_config
         )
         self.model = None
+        self.model_memory_usage = 0  # device bytes the weights took (CUDA; memory profiling reads it)
         self.kv_caches: list[torch.Tensor] = []
         self.engine: StepEngine | None = None
 
@@ -72,7 +77,9 @@ class DiffusionModelRunner:
     def load_model(self, load_dummy_weights: bool = False) -> None:
         if load_dummy_weights:
             raise ValueError("dummy weights are not supported by the diffusion runner")
+        before = _device_memory_allocated(self.device)
         self.model = get_model(vllm_config=self.vllm_config)
+        self.model_memory_usage = _device_memory_allocated(self.device) - before
         logger.info("Diffusion model loaded; special ids %s", special_ids(self.model_config))
         self._build_engine()
 
