@@ -129,3 +129,43 @@ def test_sparse_reuse_over_packed_slots_matches_the_torch_backend():
     assert Spy.calls == 0
     assert torch.equal(pool, ref_pool)
     torch.testing.assert_close(got, expected, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("reason", [None, "FA2 is only supported on devices with compute capability >= 8"])
+def test_flash_is_offered_only_where_its_kernels_run(monkeypatch, reason):
+    """On a GPU older than Ampere vLLM's FA2 refuses to run: the backend choice must
+    fall to Triton at start-up rather than fail in the first attention call."""
+    import sys
+    import types
+
+    from vllm_dllm.attention import backends
+
+    def varlen(*args, **kwargs):
+        raise AssertionError("not called here")
+
+    fake = types.ModuleType("vllm.vllm_flash_attn")
+    fake.flash_attn_varlen_func = varlen
+    fake.fa_version_unsupported_reason = lambda version: reason if version == 2 else "asked for another version"
+    monkeypatch.setitem(sys.modules, "vllm.vllm_flash_attn", fake)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert backends.load_flash_attn() is (varlen if reason is None else None)
+
+
+def test_the_paged_backends_never_build_the_torch_backends_groups():
+    """Grouping sequences into padded grids is host work plus copies every step;
+    only the torch backend reads the groups, so they are built on its first use."""
+    capacity, heads, kv_heads, dim = 3, 4, 2, 16
+    inputs = build_step_inputs(
+        RAGGED, prompt_tokens=torch.zeros(capacity, 64, dtype=torch.long), prompt_len=torch.full((capacity,), 10),
+        canvas=torch.zeros(capacity, 64, dtype=torch.long),
+        block_table=(torch.arange(24) + 1).view(capacity, 8).int(), block_size=BLOCK_SIZE, mask_id=IDS.mask,
+        backend=None,
+    )
+    total = int(RAGGED.num_queries.sum())
+    q = torch.randn(total, heads, dim, dtype=torch.bfloat16)
+    k, v = (torch.randn(total, kv_heads, dim, dtype=torch.bfloat16) for _ in range(2))
+    pool = torch.randn(32, BLOCK_SIZE, 2, kv_heads, dim, dtype=torch.bfloat16)
+    FlashAttention(varlen_contract, fallback=Spy()).attend(q, k, v, pool, inputs.metadata, 0.25)
+    assert inputs.metadata._groups is None
+    TorchAttention().attend(q, k, v, pool, inputs.metadata, 0.25)
+    assert inputs.metadata._groups

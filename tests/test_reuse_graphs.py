@@ -4,8 +4,10 @@ captured function on the graph's own buffers (what a replay does on a GPU)."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,7 +17,8 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from vllm_dllm.attention.backends import TorchAttention, write_kv
 from vllm_dllm.engine.engine import StepEngine
-from vllm_dllm.engine.graphs import ReuseGraphs, seq_bucket
+from vllm_dllm.engine import graphs as graphs_module
+from vllm_dllm.engine.graphs import ReuseGraphs, capture_cuda_graph, seq_bucket
 from vllm_dllm.engine.torch_model import build_model
 from tests.test_step_engine import BLOCK_SIZE, IDS, SHAPE, add_requests, llada
 
@@ -219,3 +222,43 @@ def test_padding_never_writes_blocks_a_finished_request_handed_on():
         pools.append([layer.kv_cache[1:].clone() for layer in engine.model.attention_layers()])
     for graphed, eager in zip(*pools):
         torch.testing.assert_close(graphed, eager, rtol=1e-5, atol=1e-5)
+
+
+def test_a_capture_context_surrounds_the_capture_but_not_the_warm_up(monkeypatch):
+    """Under tensor parallelism the capture runs inside vLLM's graph_capture (its custom
+    all-reduce registers the captured buffers on exit); the warm-up runs outside it,
+    where an all-reduce still computes.  Checked against a recording stand-in for
+    torch.cuda's stream and graph calls."""
+    events = []
+
+    @contextlib.contextmanager
+    def span(name):
+        events.append(f"enter {name}")
+        yield
+        events.append(f"exit {name}")
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    class Graph:
+        def replay(self):
+            events.append("replay")
+
+    fake_cuda = SimpleNamespace(
+        Stream=Stream, current_stream=Stream, stream=lambda s: span("side stream"), CUDAGraph=Graph,
+        graph=lambda graph, pool: span("graph"),
+    )
+    monkeypatch.setattr(graphs_module.torch, "cuda", fake_cuda)
+
+    def forward():
+        events.append("forward")
+        return torch.zeros(1)
+
+    replay, _ = capture_cuda_graph(forward, pool=None, capture_context=lambda: span("tp capture"))
+    replay()
+    assert events == [
+        "enter side stream", "forward", "forward", "exit side stream",
+        "enter tp capture", "enter graph", "forward", "exit graph", "exit tp capture",
+        "replay",
+    ]

@@ -146,9 +146,11 @@ NAMES: tuple[Name, ...] = (
     Name("vllm.v1.worker.gpu_worker", "Worker", "worker: subclassed"),
     Name("vllm.v1.worker.worker_base", "CompilationTimes", "worker/gpu_worker.py"),
     Name("vllm.utils.mem_utils", "memory_profiling", "worker/gpu_worker.py"),
+    Name("vllm.distributed.parallel_state", "graph_capture", "worker/runner.py: Reuse graphs under TP"),
     Name("vllm.config.compilation", "CompilationMode", "compat.keep_vllm_compilation_off"),
     Name("vllm.config.compilation", "CUDAGraphMode", "compat.keep_vllm_compilation_off"),
     Name("vllm.vllm_flash_attn", "flash_attn_varlen_func", "attention/backends.py (CUDA only)"),
+    Name("vllm.vllm_flash_attn", "fa_version_unsupported_reason", "attention/backends.py (CUDA only)"),
     # Named as strings, not imported.
     Name(SCHED, "Scheduler", "server_config: the default scheduler_cls value we replace"),
 )
@@ -241,6 +243,7 @@ CALLS: tuple[Call, ...] = (
     Call("vllm.model_executor.model_loader", "get_model", 0, ("vllm_config",)),
     Call("vllm.utils.torch_utils", "kv_cache_dtype_str_to_dtype", 2),
     Call("vllm.utils.mem_utils", "memory_profiling", 1, ("weights_memory",)),
+    Call("vllm.distributed.parallel_state", "graph_capture", 1),
     Call("vllm.model_executor.model_loader.weight_utils", "default_weight_loader", 2),
     Call("vllm.transformers_utils.repo_utils", "get_hf_file_to_dict", 3),
     Call("vllm.distributed", "get_tensor_model_parallel_world_size", 0),
@@ -349,7 +352,7 @@ MEMBERS: tuple[Members, ...] = (
     Members("vllm.config.compilation", "CompilationMode", ("NONE",)),
     Members("vllm.config.compilation", "CUDAGraphMode", ("NONE",)),
     Members("vllm.utils.mem_utils", "MemoryProfilingResult", ("non_kv_cache_memory",)),
-    Members("vllm.config.parallel", "ParallelConfig", ("pipeline_parallel_size", "worker_cls")),
+    Members("vllm.config.parallel", "ParallelConfig", ("pipeline_parallel_size", "worker_cls", "tensor_parallel_size")),
     Members("vllm.config.scheduler", "SchedulerConfig",
             ("scheduler_cls", "async_scheduling", "max_num_batched_tokens", "max_num_seqs")),
     Members("vllm.platforms.interface", "Platform", ("is_cpu", "is_cuda", "device_name")),

@@ -31,6 +31,7 @@ from vllm_dllm.attention.metadata import AttentionMetadata, QueryGroup
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("torch", "triton", "flash")
+FLASH_ATTN_VERSION = 2  # flash_attn_varlen_func's default, the version we call
 
 
 def write_kv(cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
@@ -176,12 +177,16 @@ def triton_available() -> bool:
 
 def load_flash_attn():
     """vLLM's bundled `flash_attn_varlen_func`, or None where it cannot run (no vLLM,
-    a CPU build, no CUDA)."""
+    a CPU build, no CUDA, a GPU its FA2 kernels do not support: before Ampere)."""
     if not torch.cuda.is_available():
         return None
     try:
-        from vllm.vllm_flash_attn import flash_attn_varlen_func
+        from vllm.vllm_flash_attn import fa_version_unsupported_reason, flash_attn_varlen_func
     except Exception:  # ImportError, or its CUDA extension failing to load
+        return None
+    reason = fa_version_unsupported_reason(FLASH_ATTN_VERSION)
+    if reason is not None:
+        logger.info("vLLM's flash-attention %d cannot run here (%s)", FLASH_ATTN_VERSION, reason)
         return None
     return flash_attn_varlen_func
 

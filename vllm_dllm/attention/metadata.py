@@ -10,7 +10,8 @@ attention call per step, whatever the number of sequences.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -55,8 +56,9 @@ class AttentionMetadata:
     are written there before attending, in Refresh and Reuse steps alike (a Reuse step
     only ever overwrites its own query positions, which attend with fresh K/V anyway).
 
-    `groups` serve the torch backend: padded grids of sequences with similar query
-    counts (QueryGroup).
+    `groups` serve the torch backend (and in-flight attention without a pool):
+    padded grids of sequences with similar query counts (QueryGroup), built on first
+    use by `build_groups`, so the Triton and flash backends never pay for them.
     """
 
     query_start_loc: torch.Tensor  # int32 [S + 1]
@@ -66,12 +68,19 @@ class AttentionMetadata:
     query_slots: torch.Tensor  # int64 [T]
     max_query_len: int
     max_seq_len: int
-    groups: list[QueryGroup]
+    build_groups: Callable[[], list[QueryGroup]]
     backend: "object"  # the AttentionBackend that serves this step
     has_kv_offset: bool = False  # some kv_start is nonzero (a CFG twin): host-known
     # Sparse Refresh sequences (attention/sparse.py), after the ones above: this
     # metadata then covers only the rows before `cache_fill.row_start`.
     cache_fill: "object | None" = None
+    _groups: list[QueryGroup] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def groups(self) -> list[QueryGroup]:
+        if self._groups is None:
+            self._groups = self.build_groups()
+        return self._groups
 
     @property
     def num_seqs(self) -> int:

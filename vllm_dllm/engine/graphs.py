@@ -27,6 +27,7 @@ buffer plumbing without a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -47,7 +48,13 @@ MAX_GRAPHS = 32
 Capture = Callable[[Callable[[], torch.Tensor], object], tuple[Callable[[], None], torch.Tensor]]
 
 
-def capture_cuda_graph(fn: Callable[[], torch.Tensor], pool) -> tuple[Callable[[], None], torch.Tensor]:
+def capture_cuda_graph(
+    fn: Callable[[], torch.Tensor], pool, capture_context: Callable[[], contextlib.AbstractContextManager] | None = None
+) -> tuple[Callable[[], None], torch.Tensor]:
+    """`capture_context`, when given, surrounds the capture itself (not the warm-up):
+    under tensor parallelism, vLLM's `graph_capture`, whose custom all-reduce records
+    the buffers a captured all-reduce uses and registers them when it exits; inside
+    it an all-reduce outside a capture returns garbage."""
     # Warm-up on a side stream (Triton compiles, cuBLAS picks its kernels and
     # allocates its workspace), as torch's graph capture requires.
     stream = torch.cuda.Stream()
@@ -57,8 +64,9 @@ def capture_cuda_graph(fn: Callable[[], torch.Tensor], pool) -> tuple[Callable[[
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        output = fn()
+    with capture_context() if capture_context is not None else contextlib.nullcontext():
+        with torch.cuda.graph(graph, pool=pool):
+            output = fn()
     return graph.replay, output
 
 
@@ -113,7 +121,7 @@ class ReuseGraphs:
         self.max_seqs = max_seqs
         self.scratch_block = scratch_block
         self.capture = capture or capture_cuda_graph
-        self.pool = torch.cuda.graph_pool_handle() if capture is None else None
+        self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
         self.graphs: dict[tuple[int, int, bool], _Graph] = {}
         self._warned_full = False
 
@@ -186,7 +194,7 @@ class ReuseGraphs:
             query_slots=graph.query_slots,
             max_query_len=q,
             max_seq_len=self.max_blocks * self.block_size,
-            groups=[],
+            build_groups=list,
             has_kv_offset=has_kv_offset,
         )
 

@@ -139,7 +139,7 @@ def _metadata(layout: SequenceLayout, cu: torch.Tensor, query_seq: np.ndarray, q
         query_slots=query_slots,
         max_query_len=0 if empty else int(layout.num_queries.max()),
         max_seq_len=0 if empty else int(layout.seq_len.max()),
-        groups=[] if empty else query_groups(layout, query_seq, query_row, tables, block_size),
+        build_groups=list if empty else lambda: query_groups(layout, query_seq, query_row, tables, block_size),
         backend=backend,
         has_kv_offset=bool(layout.kv_start.any()),
     )

@@ -8,6 +8,7 @@ ModelRunnerOutput.  The step itself lives in vllm_dllm/engine/.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 
@@ -22,6 +23,7 @@ from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 
 from vllm_dllm.attention.backends import select_backend
 from vllm_dllm.engine.engine import StepEngine
+from vllm_dllm.engine.graphs import capture_cuda_graph
 from vllm_dllm.options import resolve
 from vllm_dllm.server_config import server_defaults
 from vllm_dllm.worker.kv_pool import bind_kv_pool
@@ -95,7 +97,17 @@ class DiffusionModelRunner:
             backend=select_backend(self.device, self.defaults.attention_backend),
             device=self.device,
             cuda_graphs=not self.model_config.enforce_eager,
+            graph_capture=self._graph_capture(),
         )
+
+    def _graph_capture(self):
+        """Under tensor parallelism a Reuse graph holds all-reduces: vLLM's custom
+        all-reduce registers their buffers only inside its `graph_capture` context."""
+        if self.device.type != "cuda" or self.vllm_config.parallel_config.tensor_parallel_size == 1:
+            return None
+        from vllm.distributed.parallel_state import graph_capture
+
+        return functools.partial(capture_cuda_graph, capture_context=lambda: graph_capture(self.device))
 
     def get_model(self):
         return self.model
