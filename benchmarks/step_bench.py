@@ -203,11 +203,14 @@ def reuse_attention(model, requests, context, cache, timer, reps, device) -> dic
     assert not batch.refresh.any() and not batch.rebuild.any() and batch.fill is None
 
     def inputs():
-        return build_step_inputs(
+        step = build_step_inputs(
             batch.sequences, prompt_tokens=engine.prompt_tokens, prompt_len=engine.prompt_len,
             canvas=engine.decode.canvas, snapshot=engine.snapshot, block_table=engine.block_table,
             block_size=BLOCK_SIZE, mask_id=engine.ids.mask, backend=engine.backend, fill=batch.fill,
         )
+        if engine.backend.name == "torch":
+            step.metadata.groups  # built on first use: per-step input work of this backend
+        return step
 
     step = inputs()
     seq_len = int(batch.sequences.seq_len[0])

@@ -69,7 +69,8 @@ def test_a_small_machine_serves_with_every_core(tiny_dirs, monkeypatch, cpus):
     """vLLM keeps one core from its CPU worker for the engine core; on a 2-core
     machine that halves the compute (benchmarks/results/engine-overhead/)."""
     vllm_dllm.register()
-    monkeypatch.delenv(RESERVED_CPU_ENV, raising=False)
+    monkeypatch.setenv(RESERVED_CPU_ENV, "unset")  # records the variable's state, restored after
+    monkeypatch.delenv(RESERVED_CPU_ENV)
     monkeypatch.setattr(compat.os, "sched_getaffinity", lambda pid: set(range(cpus)))
     engine_config(tiny_dirs("llada"))
     assert os.environ.get(RESERVED_CPU_ENV) == ("0" if cpus <= compat.SMALL_MACHINE_CPUS else None)
@@ -119,7 +120,8 @@ def test_other_models_are_untouched(tmp_path):
 
 def test_other_models_keep_vllms_cpu_reservation(tmp_path, monkeypatch):
     vllm_dllm.register()
-    monkeypatch.delenv(RESERVED_CPU_ENV, raising=False)
+    monkeypatch.setenv(RESERVED_CPU_ENV, "unset")  # records the variable's state, restored after
+    monkeypatch.delenv(RESERVED_CPU_ENV)
     monkeypatch.setattr(compat.os, "sched_getaffinity", lambda pid: {0})
     (tmp_path / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,

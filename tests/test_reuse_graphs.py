@@ -249,7 +249,7 @@ def test_a_capture_context_surrounds_the_capture_but_not_the_warm_up(monkeypatch
         Stream=Stream, current_stream=Stream, stream=lambda s: span("side stream"), CUDAGraph=Graph,
         graph=lambda graph, pool: span("graph"),
     )
-    monkeypatch.setattr(graphs_module.torch, "cuda", fake_cuda)
+    monkeypatch.setattr(graphs_module, "torch", SimpleNamespace(cuda=fake_cuda))  # this module's view only
 
     def forward():
         events.append("forward")

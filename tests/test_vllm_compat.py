@@ -235,17 +235,19 @@ def test_unset_compilation_modes_are_turned_off():
     assert chosen.mode == CompilationMode.VLLM_COMPILE and chosen.cudagraph_mode == CUDAGraphMode.PIECEWISE
 
 
-def test_with_modes_off_vllm_keeps_its_custom_ops_on(tiny_dirs):
-    """What the setting is for: once the modes are off, vLLM resolves custom_ops to
-    'all' (its fused kernels) rather than 'none' (native forms left to Inductor)."""
-    from vllm.config import CompilationConfig
+def test_on_cuda_the_hook_turns_unset_modes_off_before_vllm_resolves_them(tiny_dirs, monkeypatch):
+    """The hook runs while vLLM builds the config, before it fills unset modes in
+    (VLLM_COMPILE on CUDA, which resolves custom_ops to 'none'): with the modes off,
+    vLLM keeps its fused kernels ('all').  The device is made to read as CUDA."""
+    from vllm.config.compilation import CompilationMode, CUDAGraphMode
     from vllm.engine.arg_utils import EngineArgs
 
     import vllm_dllm
+    from vllm_dllm import server_config
 
     vllm_dllm.register()
-    compilation = CompilationConfig()
-    compat.keep_vllm_compilation_off(compilation)
-    config = EngineArgs(model=tiny_dirs("llada"), max_model_len=256,
-                        compilation_config=compilation).create_engine_config()
+    monkeypatch.setattr(server_config, "_device", lambda: "cuda")
+    config = EngineArgs(model=tiny_dirs("llada"), max_model_len=256).create_engine_config()
+    assert config.compilation_config.mode == CompilationMode.NONE
+    assert config.compilation_config.cudagraph_mode == CUDAGraphMode.NONE
     assert "all" in config.compilation_config.custom_ops

@@ -26,9 +26,9 @@ V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 # out of the worker's OpenMP thread binding, for the engine-core process.
 RESERVED_CPU_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 # Machines with at most this many usable CPUs give the worker every core.  Measured
-# at 2 (benchmarks/engine_overhead.py, results/engine-overhead/): vLLM's default left
-# the worker one thread on one core and the run took 2.4-3.4 s against 1.5 s with
-# both cores.  Larger machines keep vLLM's default: the trade there is unmeasured.
+# at 2 (benchmarks/engine_overhead.py, results/engine-overhead/summary.md): vLLM's
+# default left the worker one thread on one core, 1.45 s against 0.91 s with both
+# cores.  Larger machines keep vLLM's default: the trade there is unmeasured.
 SMALL_MACHINE_CPUS = 2
 
 
@@ -111,7 +111,8 @@ def reserve_no_cpu_on_small_machine(environ=os.environ, usable_cpus: int | None 
 
     Reserving a core for the engine-core process halves a 2-core machine's compute,
     and that process mostly waits on the worker.  The variable is read by the engine
-    core when it binds the worker's threads; it inherits this process's environment.
+    core when it binds the worker's threads; it inherits this process's environment,
+    so a later engine started from the same process (any model) inherits it too.
     Returns whether the default was applied.
     """
     if RESERVED_CPU_ENV in environ:

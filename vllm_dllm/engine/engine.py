@@ -87,8 +87,9 @@ class StepEngine:
         graph_capture=None,
     ):
         """`cuda_graphs`: replay captured forwards for Reuse steps (engine/graphs.py)
-        where the device and backend allow it; `graph_capture` replaces CUDA's
-        capture (tests on a CPU)."""
+        where the device and backend allow it; `graph_capture` replaces the plain
+        CUDA capture: a capture inside vLLM's graph_capture under tensor parallelism,
+        or a stand-in that tests use on a CPU."""
         self.model = model
         self.ids = ids
         self.block_size = block_size

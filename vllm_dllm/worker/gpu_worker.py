@@ -19,10 +19,11 @@ class DiffusionGPUWorker(Worker):
     @torch.inference_mode()
     def determine_available_memory(self) -> int:
         """KV cache bytes, with vLLM's semantics: `--kv-cache-memory` when given, else
-        this instance's share of the device (`--gpu-memory-utilization` of what was
-        free at start) minus what it uses outside the cache: the weights, and the
-        peak of a dummy step at the token and logits caps (vLLM's memory_profiling
-        empties torch's cache before measuring, so the peak is counted once)."""
+        this instance's share of the device (`--gpu-memory-utilization` of its total
+        memory) minus what the instance consumed since it started (weights included)
+        and the transient peak of a dummy step at the token and logits caps (vLLM's
+        memory_profiling empties torch's cache before measuring, so the peak is
+        counted once)."""
         if kv_cache_bytes := self.cache_config.kv_cache_memory_bytes:
             self.model_runner.profile_step()  # the caps must still fit, and Triton compiles
             return int(kv_cache_bytes)

@@ -70,7 +70,7 @@ class DiffusionModelRunner:
             vllm_config.cache_config.cache_dtype, self.model_config
         )
         self.model = None
-        self.model_memory_usage = 0  # device bytes the weights took (CUDA; memory profiling reads it)
+        self.model_memory_usage = 0  # device bytes the weights took (CUDA; vLLM's memory profiling logs it)
         self.kv_caches: list[torch.Tensor] = []
         self.engine: StepEngine | None = None
 
