@@ -67,3 +67,10 @@ def test_kv_cache_memory_is_taken_as_given_after_a_profile_step(events):
 
 def test_a_budget_below_zero_is_zero(events):
     assert worker(events, requested=20 * GIB).determine_available_memory() == 0
+
+
+def test_warm_up_runs_a_step_with_the_pool_bound(events, monkeypatch):
+    monkeypatch.setattr(gpu_worker.torch.cuda, "synchronize", lambda: events.append("sync"))
+    times = worker(events).compile_or_warm_up_model()
+    assert events == ["profile step", "sync"]
+    assert times.language_model == 0.0  # nothing is compiled by torch.compile
