@@ -19,8 +19,7 @@ import argparse
 import json
 import pathlib
 
-from task_sweep import BLOCKS, run_points
-from vllm_dllm.default_model import PATH as DEFAULT_MODEL
+from task_sweep import BLOCKS, add_task_arguments, run_points, save_task_figure
 from vllm_dllm.tasks import TASKS
 
 CACHES = {"none": {"cache": "none"}, "dual": {"cache": "dual"}}
@@ -82,17 +81,12 @@ def plot(rows: list[dict], out: pathlib.Path) -> None:
         ax.set_title(task)
         ax.set_xlabel("committed tokens per step")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("exact match")
-    axes[-1].legend(fontsize=7, loc="lower left")
-    fig.tight_layout()
-    fig.savefig(out / "accuracy_vs_steps.png", dpi=110)
+    save_task_figure(fig, axes, out / "accuracy_vs_steps.png", legend_loc="lower left")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(DEFAULT_MODEL))
-    ap.add_argument("--n", type=int, default=100)
-    ap.add_argument("--seed", type=int, default=0)
+    add_task_arguments(ap, n=100)
     ap.add_argument("--settings", default=",".join(SETTINGS))
     ap.add_argument("--caches", default=",".join(CACHES))
     ap.add_argument("--tasks", default=",".join(TASKS))

@@ -21,8 +21,7 @@ import argparse
 import json
 import pathlib
 
-from task_sweep import BLOCKS, run_points
-from vllm_dllm.default_model import PATH as DEFAULT_MODEL
+from task_sweep import BLOCKS, add_task_arguments, run_points
 from vllm_dllm.tasks import TASKS
 
 POLICIES = {
@@ -63,9 +62,7 @@ def write_table(rows: list[dict], out: pathlib.Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(DEFAULT_MODEL))
-    ap.add_argument("--n", type=int, default=200)
-    ap.add_argument("--seed", type=int, default=0)
+    add_task_arguments(ap, n=200)
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results/quality"))

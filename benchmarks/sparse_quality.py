@@ -31,8 +31,7 @@ import json
 import math
 import pathlib
 
-from task_sweep import BLOCKS, run_points
-from vllm_dllm.default_model import PATH as DEFAULT_MODEL
+from task_sweep import BLOCKS, add_task_arguments, run_points, save_task_figure
 from vllm_dllm.tasks import TASKS
 
 RETENTIONS = (0.1, 0.2, 0.3, 0.5, 1.0)
@@ -199,17 +198,12 @@ def plot(rows: list[dict], out: pathlib.Path) -> None:
         ax.set_title(task)
         ax.set_xlabel("retention")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("exact match")
-    axes[-1].legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(out / "accuracy_vs_retention.png", dpi=110)
+    save_task_figure(fig, axes, out / "accuracy_vs_retention.png", legend_loc="lower right")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(DEFAULT_MODEL))
-    ap.add_argument("--n", type=int, default=500)
-    ap.add_argument("--seed", type=int, default=0)
+    add_task_arguments(ap, n=500)
     ap.add_argument("--retentions", default=",".join(map(str, RETENTIONS)))
     ap.add_argument("--selections", default=",".join(SELECTIONS))
     ap.add_argument("--scorings", default=",".join(SCORINGS))

@@ -4,11 +4,27 @@ the plugin under a list of settings, one engine for all of them."""
 from __future__ import annotations
 
 from vllm_dllm import eval as task_eval
+from vllm_dllm.default_model import PATH as DEFAULT_MODEL
 from vllm_dllm.tasks import TASKS
 
 # Block length per task: short canvases in two blocks, long ones in blocks of 8.
 BLOCKS = {"retrieval": 4, "addition": 4, "copy": 8, "reverse": 8}
 ENGINE = dict(max_model_len=512, max_num_seqs=64, kv_cache_memory_bytes=512 << 20, gpu_memory_utilization=0.3)
+
+
+def add_task_arguments(ap, n: int) -> None:
+    """--model, --n (instances per task and setting) and --seed (which instances)."""
+    ap.add_argument("--model", default=str(DEFAULT_MODEL))
+    ap.add_argument("--n", type=int, default=n)
+    ap.add_argument("--seed", type=int, default=0)
+
+
+def save_task_figure(fig, axes, path, legend_loc: str) -> None:
+    """Accuracy panels, one per task: shared y label, legend on the last one."""
+    axes[0].set_ylabel("exact match")
+    axes[-1].legend(fontsize=7, loc=legend_loc)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def run_points(model: str, points: list[tuple[dict, str, dict]], n: int, seed: int) -> list[dict]:
