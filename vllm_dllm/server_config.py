@@ -147,11 +147,12 @@ class DiffusionConfigHook:
         # Our runner is V1-shaped on every device and vLLM version; the block-size
         # default moved between vLLM versions (compat.py).
         keep_v1_model_runner()
-        set_default_block_size(vllm_config.cache_config, _device())
-        if _device() == "cuda":
+        device = _device()
+        set_default_block_size(vllm_config.cache_config, device)
+        if device == "cuda":
             keep_vllm_compilation_off(vllm_config.compilation_config)
         _check_kv_cache_dtype(vllm_config.cache_config, model_config)
-        if _device() == "cpu" and reserve_no_cpu_on_small_machine():
+        if device == "cpu" and reserve_no_cpu_on_small_machine():
             logger.info(
                 "%d usable CPUs: giving vLLM's CPU worker all of them (%s=0; set it to "
                 "keep vLLM's default of one core reserved for the engine core).",
