@@ -21,6 +21,7 @@ import sys
 import pytest
 
 from tests import oracle, oracle_model
+from tests.tie_free import compare_until
 from vllm_dllm import eval as task_eval
 from vllm_dllm.default_model import PATH
 from vllm_dllm.tasks import TASKS, TEST
@@ -65,6 +66,12 @@ def test_exact_decoding_answers_held_out_instances_well_above_chance(runner, nam
     assert result.denoising_steps <= N * TASKS[name].gen_length
 
 
+# Tie-free prompts compared per cache policy.  The trained model's confidences often
+# saturate at 1.0 in float32, so many prompts tie (copy almost always); prompts are
+# drawn until this many compare, on any CPU.
+TIE_FREE_PROMPTS = 6
+
+
 @pytest.mark.parametrize("cache", ["none", "dual"])
 def test_plugin_matches_the_oracle_on_the_trained_model(runner, cache):
     # Token for token against the independent reference, on real task prompts and the
@@ -74,23 +81,27 @@ def test_plugin_matches_the_oracle_on_the_trained_model(runner, cache):
     config = json.loads((PATH / "config.json").read_text())
     eot, eos = json.loads((PATH / "generation_config.json").read_text())["eos_token_id"]
     model = oracle_model.load_oracle(str(PATH))
-    rng = random.Random(7)
-    compared = 0
-    for name, block in (("retrieval", 4), ("addition", 4), ("copy", 8)):
-        task = TASKS[name]
-        prompts = [runner.prompt_ids(task.sample(rng, TEST).prompt) for _ in range(3)]
-        xargs = {"steps": task.gen_length, "block_length": block, "cache": cache}
-        outs = runner.generate(prompts, SamplingParams(max_tokens=task.gen_length, temperature=0.0, extra_args=xargs))
-        for prompt, out in zip(prompts, outs):
-            want = oracle.llada_generate(
-                model, prompt, gen_length=task.gen_length, steps=task.gen_length, block_length=block,
-                mask_id=config["mask_token_id"], eos_id=eos, eot_id=eot, cache=cache,
-            )
-            if want.ties:
-                continue
-            assert list(out.token_ids) == oracle.trim_at_eos(want.tokens, {eot, eos}), f"{name} ({cache})"
-            compared += 1
-    assert compared >= 5
+
+    def compare_draw(draw: int) -> int:
+        rng = random.Random(7 + 1000 * draw)
+        compared = 0
+        for name, block in (("retrieval", 4), ("addition", 4), ("copy", 8)):
+            task = TASKS[name]
+            prompts = [runner.prompt_ids(task.sample(rng, TEST).prompt) for _ in range(3)]
+            xargs = {"steps": task.gen_length, "block_length": block, "cache": cache}
+            outs = runner.generate(prompts, SamplingParams(max_tokens=task.gen_length, temperature=0.0, extra_args=xargs))
+            for prompt, out in zip(prompts, outs):
+                want = oracle.llada_generate(
+                    model, prompt, gen_length=task.gen_length, steps=task.gen_length, block_length=block,
+                    mask_id=config["mask_token_id"], eos_id=eos, eot_id=eot, cache=cache,
+                )
+                if want.ties:
+                    continue
+                assert list(out.token_ids) == oracle.trim_at_eos(want.tokens, {eot, eos}), f"{name} ({cache})"
+                compared += 1
+        return compared
+
+    assert compare_until(TIE_FREE_PROMPTS, compare_draw) >= TIE_FREE_PROMPTS
 
 
 # Canvas lengths other than each task's own (8 for retrieval and addition, 56 for copy
