@@ -1,7 +1,7 @@
-"""HF config / tokenizer classes for LLaDA and Dream checkpoints.
+"""HF config / tokenizer classes for LLaDA, LLaDA2.x and Dream checkpoints.
 
 ``register_hf_classes()`` makes ``AutoConfig.from_pretrained`` resolve
-``model_type: "llada"`` / ``"Dream"`` and ``AutoTokenizer.from_pretrained``
+``model_type: "llada"`` / ``"llada2_moe"`` / ``"Dream"`` and ``AutoTokenizer.from_pretrained``
 resolve ``tokenizer_class: "DreamTokenizer"`` without ``trust_remote_code``.
 
 How transformers (5.x) resolves the tokenizer for a Dream folder:
@@ -32,14 +32,15 @@ import inspect
 from .dream import DreamConfig
 from .dream_tokenizer import DreamTokenizer
 from .llada import LLaDAConfig
+from .llada2 import LLaDA2MoeConfig
 
-__all__ = ["DreamConfig", "DreamTokenizer", "LLaDAConfig", "register_hf_classes"]
+__all__ = ["DreamConfig", "DreamTokenizer", "LLaDA2MoeConfig", "LLaDAConfig", "register_hf_classes"]
 
 _registered = False
 
 
 def register_hf_classes() -> None:
-    """Register LLaDAConfig, DreamConfig and DreamTokenizer with the
+    """Register LLaDAConfig, LLaDA2MoeConfig, DreamConfig and DreamTokenizer with the
     transformers Auto classes. Idempotent and cheap."""
     global _registered
     if _registered:
@@ -48,6 +49,7 @@ def register_hf_classes() -> None:
 
     AutoConfig.register(LLaDAConfig.model_type, LLaDAConfig, exist_ok=True)
     AutoConfig.register(DreamConfig.model_type, DreamConfig, exist_ok=True)
+    AutoConfig.register(LLaDA2MoeConfig.model_type, LLaDA2MoeConfig, exist_ok=True)
 
     params = inspect.signature(AutoTokenizer.register).parameters
     if "tokenizer_class" in params:  # transformers >= 5

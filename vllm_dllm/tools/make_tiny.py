@@ -16,6 +16,7 @@ What is written (see MODEL_SPEC.md sections 1, 1b, 2, 5):
   ``ff_out``), ``tokenizer.json`` + ``tokenizer_config.json`` (byte-level BPE,
   ``PreTrainedTokenizerFast``, the LLaDA chat template) and
   ``special_tokens_map.json``.
+* LLaDA2.x (``llada2``, small vocabulary only): see vllm_dllm/tools/tiny_llada2.py.
 * Dream: ``config.json`` (Qwen2 keys), ``generation_config.json``,
   ``configuration_dream.py``, ``model.safetensors`` (Qwen2 names incl. q/k/v
   biases), ``vocab.json`` + ``merges.txt`` + ``tokenization_dream.py`` +
@@ -58,6 +59,7 @@ import pathlib
 import sys
 from collections import Counter
 
+from vllm_dllm.tools import tiny_llada2
 from vllm_dllm.tools.hf_files import (
     DREAM_CHAT_TEMPLATE,
     added_token_entry,
@@ -251,6 +253,8 @@ def _base_vocab(n_total: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
         raise ValueError(f"base vocab needs at least {len(vocab)} entries, got {n_total}")
     return vocab, merges
 
+
+SMALL_LLADA2_SPECIALS = tiny_llada2.SMALL_LLADA2_SPECIALS
 
 # ---------------------------------------------------------------------------
 # LLaDA
@@ -519,6 +523,7 @@ _ALL_FILES = (
     "generation_config.json",
     "configuration_llada.py",
     "configuration_dream.py",
+    "configuration_llada2_moe.py",
     "model.safetensors",
     "model.safetensors.index.json",
     "tokenizer.json",
@@ -560,15 +565,17 @@ def make_tiny(
     from safetensors.torch import save_file
 
     arch = arch.lower()
-    if arch not in ("llada", "dream"):
-        raise ValueError(f"arch must be 'llada' or 'dream', got {arch!r}")
+    if arch not in ("llada", "dream", "llada2"):
+        raise ValueError(f"arch must be 'llada', 'dream' or 'llada2', got {arch!r}")
+    if arch == "llada2" and vocab != "small":
+        raise ValueError("llada2 tiny checkpoints have the small vocabulary only")
     if vocab not in ("small", "real"):
         raise ValueError(f"vocab must be 'small' or 'real', got {vocab!r}")
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype)
     if torch_dtype is None:
         raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
     if kv_heads is None:
-        kv_heads = heads // 2 if (arch == "dream" and heads > 1 and heads % 2 == 0) else heads
+        kv_heads = heads // 2 if (arch != "llada" and heads > 1 and heads % 2 == 0) else heads
     if hidden % heads != 0:
         raise ValueError(f"hidden ({hidden}) must be divisible by heads ({heads})")
     if heads % kv_heads != 0:
@@ -596,6 +603,18 @@ def make_tiny(
             (_CONFIGS_DIR / "llada.py").read_text(encoding="utf-8"), encoding="utf-8"
         )
         weights = _llada_weights(gen, vocab_size=ids["vocab_size"], **sizes)
+    elif arch == "llada2":
+        vocab_table, merges = _base_vocab(SMALL_LLADA2_SPECIALS[0][0])
+        ids = tiny_llada2.write_tokenizer(out, vocab_table, merges, max_len)
+        config = tiny_llada2.config(ids=ids, dtype=dtype, max_len=max_len, moe=tiny_llada2.DEFAULT_MOE, **sizes)
+        gen_config = tiny_llada2.generation_config(ids)
+        (out / "configuration_llada2_moe.py").write_text(
+            (_CONFIGS_DIR / "llada2.py").read_text(encoding="utf-8"), encoding="utf-8"
+        )
+        weights = tiny_llada2.weights(
+            gen, vocab_size=ids["vocab_size"], moe=tiny_llada2.DEFAULT_MOE, normal=_normal, linear=_linear,
+            norm_weight=_norm_weight, **sizes,
+        )
     else:
         ids = _dream_tokenizer(out, vocab, max_len)
         config = _dream_config(ids=ids, dtype=dtype, max_len=max_len, **sizes)
@@ -628,9 +647,9 @@ def make_tiny(
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m vllm_dllm.tools.make_tiny",
-        description="Write a tiny random LLaDA/Dream checkpoint in the real HF file format.",
+        description="Write a tiny random LLaDA/Dream/LLaDA2 checkpoint in the real HF file format.",
     )
-    ap.add_argument("--arch", required=True, choices=["llada", "dream"])
+    ap.add_argument("--arch", required=True, choices=["llada", "dream", "llada2"])
     ap.add_argument("--out", required=True, help="output folder (created; our files are overwritten)")
     ap.add_argument("--vocab", default="small", choices=["small", "real"])
     ap.add_argument("--seed", type=int, default=0)
