@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -120,3 +121,184 @@ class Llada2Oracle:
 
 def load_llada2_oracle(model_dir: str) -> Llada2Oracle:
     return Llada2Oracle(model_dir)
+
+
+# --------------------------------------------------------------------------------------
+# LLaDA2.0 and LLaDA2.1 generate(), written from their definitions: a whole-window
+# forward with the block-causal mask at every step, no cache, batch of one.
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Llada2Result:
+    tokens: list[int]  # the generated tokens up to and including the first EOS
+    ties: int  # selections decided by an exact tie (quota cut, threshold or argmax)
+    forwards: int  # forward passes run
+    forwards_to_output: int  # forwards run until every returned token was final (see below)
+    blocks: int  # blocks decoded
+    edits: int  # positions rewritten by token editing
+
+
+def _argmax_tied(row: torch.Tensor) -> bool:
+    return bool((row == row.max()).sum() > 1)
+
+
+def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None, draws):
+    """(token, probability) per row: the argmax at T == 0 (probability under the plain
+    softmax), else a draw from the tempered, top-k then top-p filtered distribution
+    (inverse CDF with the given float64 uniforms)."""
+    if temperature == 0:
+        tokens = logits.argmax(-1)
+        return tokens, torch.softmax(logits, -1).gather(1, tokens[:, None]).squeeze(1)
+    scaled = logits.double() / temperature
+    if top_k:
+        kth = scaled.topk(top_k, dim=-1).values[:, -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if top_p is not None and top_p < 1:
+        ordered, order = scaled.sort(dim=-1, descending=True)
+        cumulative = torch.softmax(ordered, -1).cumsum(-1)
+        drop = cumulative > top_p
+        drop[:, 1:] = drop[:, :-1].clone()
+        drop[:, 0] = False
+        scaled = scaled.scatter(1, order, ordered.masked_fill(drop, float("-inf")))
+    probs = torch.softmax(scaled, -1)
+    cdf = probs.cumsum(-1)
+    tokens = torch.tensor([int((cdf[r] > draws[r] * cdf[r, -1]).nonzero()[0]) for r in range(len(probs))])
+    return tokens, probs.gather(1, tokens[:, None]).squeeze(1).float()
+
+
+def llada2_generate(
+    model: Llada2Oracle,
+    prompt: list[int],
+    *,
+    gen_length: int,
+    mask_id: int,
+    eos_id: int,
+    block_length: int = 32,
+    steps: int = 32,
+    threshold: float = 0.95,
+    minimal_topk: int = 1,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    editing_threshold: float | None = None,
+    max_post_steps: int = 16,
+    num_to_transfer: int = 1,
+    seed: int = 0,
+) -> Llada2Result:
+    """LLaDA2.0's generate (editing_threshold None) or LLaDA2.1's (set).  Draws at
+    T > 0 follow the plugin's random-stream contract (tests/oracle_model.py): stream 1,
+    keyed by the request's global step and the canvas position (position - prompt)."""
+    from tests.oracle_model import STREAM_LLADA_SAMPLE, uniform64
+
+    P = len(prompt)
+    B = block_length
+    num_blocks = -(-(P + gen_length) // B)
+    total = num_blocks * B
+    mask = block_causal_mask(total, B)
+    x = torch.full((total,), mask_id, dtype=torch.long)
+    x[:P] = torch.tensor(prompt)
+    steps = max(1, min(steps, gen_length // minimal_topk))
+    base, extra = divmod(B, steps)
+    schedule = [base + (i < extra) for i in range(steps)]
+    ties = forwards = blocks = edits = 0
+    global_step = 0
+    # After each forward: the end of the committed prefix, and of the ended blocks.
+    committed_to, ended_to = [], []
+
+    def record(ended_before: int):
+        masked = (x[P:] == mask_id).nonzero()
+        committed_to.append(P + int(masked[0]) if len(masked) else total)
+        ended_to.append(ended_before)
+
+    def step_logits(end):
+        nonlocal forwards
+        forwards += 1
+        logits = model.forward(x[:end], mask[:end, :end])[end - B:end]
+        # The plugin's one departure: the mask id is never a prediction (the
+        # reference's loop with editing need not end when a model predicts it).
+        logits[:, mask_id] = float("-inf")
+        return logits
+
+    def draws_for(block_start):
+        if temperature == 0:
+            return None
+        # Rows left of the prompt's end are never committed: any draw will do there.
+        return [float(uniform64(seed, global_step, max(block_start + i - P, 0), STREAM_LLADA_SAMPLE)[0]) for i in range(B)]
+
+    for b in range(P // B, num_blocks):
+        blocks += 1
+        start, end = b * B, (b + 1) * B
+        if editing_threshold is None:
+            for step in range(steps):
+                active = x[start:end] == mask_id
+                if not active.any():
+                    break
+                logits = step_logits(end)
+                x0, p = _pick(logits, temperature, top_k, top_p, draws_for(start))
+                global_step += 1
+                k = schedule[step]
+                conf = torch.where(active, p, torch.tensor(float("-inf")))
+                high = conf > threshold
+                if int(high.sum()) >= k:
+                    chosen = high
+                else:
+                    n = min(k, int(active.sum()))
+                    ordered = conf.sort(descending=True).values
+                    if 0 < n < len(ordered) and ordered[n - 1] == ordered[n] and ordered[n] > float("-inf"):
+                        ties += 1
+                    chosen = torch.zeros(B, dtype=torch.bool)
+                    chosen[conf.topk(n).indices] = True
+                if temperature == 0:
+                    ties += sum(_argmax_tied(logits[i]) for i in chosen.nonzero().flatten().tolist())
+                x[start:end] = torch.where(chosen, x0, x[start:end])
+                record(start)
+        else:
+            post_steps = 0
+            while True:
+                old = x[start:end].clone()
+                active = old == mask_id
+                if not active.any():
+                    post_steps += 1
+                if post_steps > max_post_steps:
+                    break
+                generated = torch.arange(start, end) >= P
+                logits = step_logits(end)
+                x0, p = _pick(logits, temperature, top_k, top_p, draws_for(start))
+                global_step += 1
+                m2t = torch.zeros(B, dtype=torch.bool)
+                if active.any():
+                    conf = torch.where(active, p, torch.tensor(float("-inf")))
+                    high = (conf > threshold) & active
+                    if int(high.sum()) >= num_to_transfer:
+                        m2t = high
+                    else:
+                        n = min(num_to_transfer, int(active.sum()))
+                        ordered = conf.sort(descending=True).values
+                        if 0 < n < len(ordered) and ordered[n - 1] == ordered[n] and ordered[n] > float("-inf"):
+                            ties += 1
+                        m2t[conf.topk(n).indices] = True
+                editable = ~active & generated
+                t2t = editable & (p > editing_threshold) & (x0 != old)
+                if temperature == 0:
+                    ties += sum(_argmax_tied(logits[i]) for i in (m2t | editable).nonzero().flatten().tolist())
+                edits += int(t2t.sum())
+                x[start:end] = torch.where(m2t | t2t, x0, old)
+                record(start)
+                if not active.any() and not t2t.any():
+                    break
+        if ended_to:
+            ended_to[-1] = end  # the block's last forward ended it
+        if (x[P:end] == eos_id).any():
+            break
+    answer = x[P:P + gen_length].tolist()
+    if eos_id in answer:
+        answer = answer[: answer.index(eos_id) + 1]
+    # A server returns the tokens once they are final and stops there: without
+    # editing a committed token is final once everything left of it is committed;
+    # with editing only when its block has ended.  The reference may run on after
+    # that (the canvas's padding, blocks after an EOS) without changing them.
+    final_to = ended_to if editing_threshold is not None else committed_to
+    forwards_to_output = next(f + 1 for f, reach in enumerate(final_to) if reach >= P + len(answer))
+    return Llada2Result(tokens=answer, ties=ties, forwards=forwards, forwards_to_output=forwards_to_output,
+                        blocks=blocks, edits=edits)

@@ -19,7 +19,7 @@ from vllm_dllm.engine.op_count import OpCounter
 from vllm_dllm.engine.phases import PhaseParams, batch_phases
 from vllm_dllm.engine.step_inputs import SequenceLayout, build_step_inputs
 from vllm_dllm.engine.torch_model import ModelShape, build_model
-from vllm_dllm.options import CACHE_POLICIES, DreamOptions, LLaDAOptions
+from vllm_dllm.options import CACHE_POLICIES, DreamOptions, LLaDA2Options, LLaDAOptions
 from vllm_dllm.phases import query_lead, step_phase
 
 BLOCK_SIZE = 16
@@ -110,17 +110,26 @@ def test_batch_phases_match_the_scheduler_phase(seed):
         spb = rng.randint(1, 6)
         cache = dict(cache=rng.choice(CACHE_POLICIES), refresh_interval=rng.randint(0, 3),
                      delay_step=rng.randint(0, spb - 1))
-        if rng.random() < 0.5:
+        kind = rng.random()
+        if kind < 0.4:
             options = LLaDAOptions(
                 gen_length=block * blocks, steps=spb * blocks, block_length=block, remasking="low_confidence",
                 temperature=0.0, cfg_scale=0.0, logits_eos_inf=False, confidence_eos_eot_inf=False, **cache,
             )
-        else:  # Dream: a Reuse also runs the position before its block
+        elif kind < 0.8:  # Dream: a Reuse also runs the position before its block
             options = DreamOptions(
                 gen_length=block * blocks, steps=spb * blocks, eps=1e-3, alg="maskgit_plus", alg_temp=None,
                 temperature=0.0, top_p=None, top_k=None, block_length=block, **cache,
             )
-        prompt_len, step, has_cache = rng.randint(1, 30), rng.randrange(options.steps), rng.random() < 0.7
+        else:  # LLaDA2: block-causal segments, no cache policy
+            options = LLaDA2Options(
+                max_tokens=block * blocks - rng.randint(0, block - 1), block_length=block, steps=spb, threshold=0.9,
+                minimal_topk=1, eos_early_stop=False, editing_threshold=None, max_post_steps=4, num_to_transfer=1,
+                temperature=0.0, top_k=None, top_p=None,
+            )
+        prompt_len, has_cache = rng.randint(1, 30), rng.random() < 0.7
+        options = options.placed(prompt_len)
+        step = rng.randrange(options.steps_per_block * options.num_blocks)
         rows.append((options, prompt_len, step, has_cache))
         expected.append(step_phase(options, step, prompt_len, has_cache))
     t = lambda values: np.array(values)  # noqa: E731
@@ -135,9 +144,11 @@ def test_batch_phases_match_the_scheduler_phase(seed):
         lead=t([query_lead(r[0]) for r in rows]),
         delay_step=t([r[0].delay_step for r in rows]),
         refresh_interval=t([r[0].refresh_interval for r in rows]),
+        segment=t([r[0].block_length if r[0].block_causal else 0 for r in rows]),
     ))
     got = list(zip(phases.refresh.tolist(), phases.query_start.tolist(), phases.query_end.tolist()))
     assert got == [(p.refresh, p.query_start, p.query_end) for p in expected]
+    assert any(r[0].block_causal for r in rows)
 
 
 def naive_attention(q, cache, layout, query_start_loc, positions_per_seq, scale):

@@ -1,4 +1,4 @@
-"""vllm-dllm: serve masked-diffusion language models (LLaDA, Dream) with vLLM."""
+"""vllm-dllm: serve masked-diffusion language models (LLaDA, Dream, LLaDA2.x) with vLLM."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ __version__ = "0.1.0"
 _MODELS = {
     "LLaDAModelLM": "vllm_dllm.models.llada:LLaDAModelLM",
     "DreamModel": "vllm_dllm.models.dream:DreamModel",
+    "LLaDA2MoeModelLM": "vllm_dllm.models.llada2:LLaDA2MoeModelLM",
 }
 
 _registered = False
@@ -15,7 +16,7 @@ _registered = False
 def register() -> None:
     """vLLM general-plugin entry point.  Idempotent; imports nothing heavy.
 
-    It only adds entries for LLaDA and Dream architectures, so every other model is
+    It only adds entries for the LLaDA, Dream and LLaDA2.x architectures, so every other model is
     served exactly as without the plugin.
     """
     global _registered

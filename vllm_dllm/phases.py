@@ -21,6 +21,15 @@ Refresh (kept by the engine) over the whole sequence to rebuild the cache exactl
 it was, then runs the Reuse: a resumed request decodes what it would have decoded
 without preemption, at the cost of one sequence more in that step.
 
+Block-causal models (LLaDA2.x) have no Refresh/Reuse: a block attends to itself and
+to earlier blocks only, so the K/V of finished blocks are exact.  A step's queries
+are whole blocks, each a segment attending up to its own end: normally the active
+block; at a block's first step also the block just finished (its final K/V go into
+the pool in the same forward, never in a forward of their own); at a request's first
+step, or after preemption freed its K/V, every block from the start (the prompt's
+whole blocks, any finished ones, then the active one).  The queries are a contiguous
+run of blocks, so a phase is still one query range; the engine cuts it into blocks.
+
 A request's progress is (block, step within the block): under the fixed schedule
 every block takes `steps_per_block` steps; under a parallel decoding rule a block
 ends as soon as it has no masks left, so the engine reports the progress after each
@@ -57,8 +66,32 @@ def query_lead(options: DecodeOptions) -> int:
     return 1 if isinstance(options, DreamOptions) else 0
 
 
+def is_block_causal(options: DecodeOptions) -> bool:
+    return getattr(options, "block_causal", False)
+
+
+def keeps_cache_over_preemption(options: DecodeOptions) -> bool:
+    """Whether a preempted request rebuilds its cache from a kept canvas (Refresh /
+    Reuse policies) rather than recomputing its prefix from its tokens (block-causal)."""
+    return not is_block_causal(options)
+
+
+def block_causal_phase(block_length: int, prompt_len: int, block: int, block_step: int, has_cache: bool) -> StepPhase:
+    """Queries of step `block_step` of canvas block `block` of a block-causal request."""
+    active = prompt_len - prompt_len % block_length + block * block_length
+    if not has_cache:
+        start = 0
+    elif block_step == 0 and block > 0:
+        start = active - block_length
+    else:
+        start = active
+    return StepPhase(not has_cache, start, active + block_length)
+
+
 def block_phase(options: DecodeOptions, block: int, block_step: int, prompt_len: int, has_cache: bool) -> StepPhase:
     """The phase of step `block_step` of block `block`."""
+    if is_block_causal(options):
+        return block_causal_phase(options.block_length, prompt_len, block, block_step, has_cache)
     seq_len = prompt_len + options.gen_length
     full = StepPhase(True, 0, seq_len)
     if options.cache == "none" or not has_cache:

@@ -24,6 +24,7 @@ from vllm_dllm.options import (
     ARCHITECTURE_KINDS,
     DREAM_FILTER_KEYS,
     LLADA,
+    LLADA2,
     OptionError,
     is_filter,
 )
@@ -95,9 +96,9 @@ class DiffusionConfigHook:
             return
         overrides = dict(model_config.override_generation_config or {})
         gen_config = _generation_config(model_config)
-        if kind == LLADA and "temperature" not in gen_config:
-            # The LLaDA reference decodes greedily unless asked otherwise; its
-            # generation_config.json says nothing about temperature.
+        if kind in (LLADA, LLADA2) and "temperature" not in gen_config:
+            # The LLaDA and LLaDA2 references decode greedily unless asked otherwise;
+            # their generation_config.json says nothing about temperature.
             overrides.setdefault("temperature", 0.0)
         if kind == LLADA:
             for key in DREAM_FILTER_KEYS:

@@ -106,6 +106,7 @@ NAMES: tuple[Name, ...] = (
     Name("vllm.distributed", "get_tensor_model_parallel_world_size", "models/transformer.py"),
     Name("vllm.engine.arg_utils", "EngineArgs", "eval.py"),
     Name("vllm.exceptions", "VLLMValidationError", "validation.py"),
+    Name("vllm.forward_context", "set_forward_context", "worker/runner.py: fused MoE layers look themselves up there"),
     Name("vllm.logger", "init_logger", "scheduler, server_config, runner"),
     Name(f"{LAYERS}.activation", "SiluAndMul", "models/transformer.py"),
     Name(f"{LAYERS}.fused_moe", "FusedMoEFactory", "models/moe.py"),
@@ -248,6 +249,7 @@ CALLS: tuple[Call, ...] = (
     Call("vllm.model_executor.model_loader.weight_utils", "default_weight_loader", 2),
     Call("vllm.transformers_utils.repo_utils", "get_hf_file_to_dict", 3),
     Call("vllm.distributed", "get_tensor_model_parallel_world_size", 0),
+    Call("vllm.forward_context", "set_forward_context", 2, ("num_tokens",)),
     Call(f"{LAYERS}.rotary_embedding", "get_rope", 1, ("max_position", "is_neox_style", "rope_parameters")),
     Call(
         f"{LAYERS}.linear",

@@ -47,6 +47,7 @@ class DecodeState:
         self.device = device
         self.canvas = torch.full((capacity, max_gen), PAD, dtype=torch.long, device=device)
         self.gen_length = torch.zeros(capacity, dtype=torch.long, device=device)
+        self.output_length = torch.zeros(capacity, dtype=torch.long, device=device)  # at most max_tokens out
         self.step = torch.zeros(capacity, dtype=torch.long, device=device)
         # Progress: the active block, steps run in it, the blocks of the canvas, and
         # the fixed schedule's steps per block (a block's upper bound under every rule).
@@ -68,6 +69,7 @@ class DecodeState:
         self.canvas[slot] = PAD
         self.canvas[slot, : options.gen_length] = self.ids.mask
         self.gen_length[slot] = options.gen_length
+        self.output_length[slot] = options.output_length
         self.step[slot] = 0
         self.block[slot] = 0
         self.block_step[slot] = 0
@@ -93,7 +95,9 @@ class DecodeState:
         """
         masked = self.masked(slots, width)
         first_masked = torch.where(masked.any(dim=1), masked.int().argmax(dim=1), self.gen_length[slots])
-        return torch.where(self.block[slots] >= self.num_blocks[slots], self.gen_length[slots], first_masked)
+        final = torch.where(self.block[slots] >= self.num_blocks[slots], self.gen_length[slots], first_masked)
+        # A canvas padded to whole blocks holds more than the request asked for.
+        return torch.minimum(final, self.output_length[slots])
 
 
 @dataclass
@@ -212,6 +216,10 @@ class BatchedRule(ABC):
         state.block[slots] += done.long()
         state.block_step[slots] = torch.where(done, 0, state.block_step[slots] + 1)
 
+    def num_final(self, slots: torch.Tensor, width: int) -> torch.Tensor:
+        """Length of each request's final prefix (streamable, never rewritten)."""
+        return self.state.num_final(slots, width)
+
     def commit_count(self, slots: torch.Tensor, plan: StepPlan, ordered_keys: torch.Tensor) -> torch.Tensor:
         """How many candidates each request commits, given its ranking keys sorted
         descending (non-candidates last, at -inf): the plan's count, unless a rule
@@ -238,7 +246,7 @@ def register_rule(kind: str):
 
 def make_rule(kind: str, state: DecodeState) -> BatchedRule:
     # Importing the rule modules fills the registry.
-    from vllm_dllm.decoding import dream, llada  # noqa: F401
+    from vllm_dllm.decoding import dream, llada, llada2  # noqa: F401
 
     try:
         cls = _RULES[kind]

@@ -12,7 +12,9 @@ loops over requests in Python; host<->device syncs per step: the candidate count
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,9 +28,15 @@ from vllm_dllm.engine.phases import POLICY_NONE, POLICY_SPARSE, PhaseParams, bat
 from vllm_dllm.engine.step_inputs import SequenceLayout, FillLayout, build_step_inputs, to_device
 from vllm_dllm.kv_footprint import kept_positions, sequence_slots
 from vllm_dllm.options import CACHE_POLICIES, DecodeOptions, sequence_copies
-from vllm_dllm.phases import query_lead
+from vllm_dllm.phases import is_block_causal, query_lead
 
 logger = logging.getLogger(__name__)
+
+ModelContext = Callable[[int], contextlib.AbstractContextManager]
+
+
+def _no_context(num_tokens: int) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
 
 
 @dataclass
@@ -85,12 +93,16 @@ class StepEngine:
         cuda_graphs: bool = False,
         max_graph_seqs: int = 64,
         graph_capture=None,
+        model_context: ModelContext | None = None,
     ):
         """`cuda_graphs`: replay captured forwards for Reuse steps (engine/graphs.py)
         where the device and backend allow it; `graph_capture` replaces the plain
         CUDA capture: a capture inside vLLM's graph_capture under tensor parallelism,
-        or a stand-in that tests use on a CPU."""
+        or a stand-in that tests use on a CPU.  `model_context(num_tokens)` is entered
+        around every forward: vLLM's forward context when serving (its fused MoE
+        layers look themselves up there), nothing otherwise."""
         self.model = model
+        self.model_context = model_context or _no_context
         self.ids = ids
         self.block_size = block_size
         self.max_model_len = max_model_len
@@ -116,6 +128,7 @@ class StepEngine:
             lead=np.zeros(capacity, dtype=np.int64),
             delay_step=np.zeros(capacity, dtype=np.int64),
             refresh_interval=np.zeros(capacity, dtype=np.int64),
+            segment=np.zeros(capacity, dtype=np.int64),
         )
         self.copies = np.ones(capacity, dtype=np.int64)
         self.evicted = np.zeros(capacity, dtype=bool)  # its cache was freed by preemption
@@ -136,7 +149,7 @@ class StepEngine:
             if getattr(backend, "graph_safe", False):
                 self.graphs = ReuseGraphs(
                     model, backend, device=device, block_size=block_size, max_blocks=max_blocks,
-                    max_seqs=max_graph_seqs, capture=graph_capture,
+                    max_seqs=max_graph_seqs, capture=graph_capture, model_context=self.model_context,
                 )
             else:
                 logger.info("CUDA graphs off: attention backend %r cannot be captured", backend.name)
@@ -157,6 +170,7 @@ class StepEngine:
                 f"request {req_id}: prompt {len(prompt)} + canvas {options.gen_length} tokens exceed "
                 f"the model length {self.max_model_len}"
             )
+        options = options.placed(len(prompt))
         slot = self._free.pop()
         self.slots[req_id] = slot
         self.emitted[req_id] = 0
@@ -177,6 +191,7 @@ class StepEngine:
         h.delay_step[slot] = options.delay_step
         h.refresh_interval[slot] = options.refresh_interval
         h.lead[slot] = query_lead(options)
+        h.segment[slot] = options.block_length if is_block_causal(options) else 0
         sp = self.sparse
         sp.sequence_slots[slot] = sequence_slots(options, len(prompt))
         sp.keep[slot] = kept_positions(options, len(prompt))
@@ -217,7 +232,8 @@ class StepEngine:
         """Its KV blocks were freed (preemption): the step after resuming refreshes, or
         rebuilds the cache from the last Refresh's canvas before a Reuse (phases.py)."""
         slot = self.slots[req_id]
-        self.evicted[slot] |= self.host.has_cache[slot]
+        # A block-causal request recomputes its prefix from its tokens instead.
+        self.evicted[slot] |= self.host.has_cache[slot] & (self.host.segment[slot] == 0)
         self.host.has_cache[slot] = False
 
     def remove(self, req_id: str) -> None:
@@ -288,6 +304,8 @@ class StepEngine:
                 mean_scoring=sp.mean_scoring[slots][f], dense=~is_sparse[f],
             )
         tokens = (phases.num_queries + rebuilds * seq_len) * copies
+        layout, last_piece = layout.split_blocks(phases.segment[r] * ~twin)
+        request_seq, twin_seq = last_piece[request_seq], last_piece[twin_seq]
         return BatchLayout(layout, fill, phases.refresh, rebuilds, tokens, request_seq, twin_seq)
 
     @torch.inference_mode()
@@ -333,7 +351,7 @@ class StepEngine:
         h.has_cache[slots_host] |= batch.refresh | batch.rebuild
         self.evicted[slots_host] = False
         decode = self.decode
-        final = decode.num_final(slots, width)
+        final = self.rule.num_final(slots, width)
         report = torch.cat(
             [final[:, None], done.plan.candidates.sum(dim=1)[:, None], decode.block[slots, None],
              decode.block_step[slots, None], decode.canvas[slots, :width]], dim=1,
@@ -361,7 +379,7 @@ class StepEngine:
         if self.graphs is not None and batch.fill is None:
             key = self.graphs.key(batch.sequences.num_queries, batch.refresh, inputs.metadata.has_kv_offset)
         if key is None:
-            with attention_metadata(inputs.metadata):
+            with attention_metadata(inputs.metadata), self.model_context(len(inputs.input_ids)):
                 return self.model(inputs.input_ids, inputs.positions)
         return self.graphs.forward(key, inputs.input_ids, inputs.positions, inputs.metadata)
 
@@ -419,7 +437,7 @@ class StepEngine:
             mask_id=self.ids.mask,
             backend=self.backend,
         )
-        with attention_metadata(inputs.metadata):
+        with attention_metadata(inputs.metadata), self.model_context(len(inputs.input_ids)):
             hidden = self.model(torch.zeros_like(inputs.input_ids), inputs.positions)
         rows = min(self.max_num_logits, len(hidden))
         logits = self.model.compute_logits(hidden[:rows])

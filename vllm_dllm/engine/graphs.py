@@ -108,12 +108,14 @@ class ReuseGraphs:
         max_seqs: int,
         scratch_block: int = 0,
         capture: Capture | None = None,
+        model_context=None,
     ):
         if capture is None and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, not {device.type}")
         if not getattr(backend, "graph_safe", False):
             raise ValueError(f"attention backend {backend.name!r} cannot be captured in a graph")
         self.model = model
+        self.model_context = model_context or (lambda num_tokens: contextlib.nullcontext())
         self.backend = backend
         self.device = device
         self.block_size = block_size
@@ -199,7 +201,7 @@ class ReuseGraphs:
         )
 
         def run() -> torch.Tensor:
-            with attention_metadata(graph.meta):
+            with attention_metadata(graph.meta), self.model_context(len(graph.input_ids)):
                 return self.model(graph.input_ids, graph.positions)
 
         graph.replay, graph.output = self.capture(run, self.pool)

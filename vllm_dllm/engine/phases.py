@@ -1,4 +1,5 @@
-"""Refresh / Reuse for a whole batch at once: the tensor form of vllm_dllm/phases.py.
+"""Refresh / Reuse, and block-causal segments, for a whole batch at once: the array
+form of vllm_dllm/phases.py.
 
 The scheduler prices one request at a time with `phases.step_phase`; the engine
 needs the same answer for every scheduled request in a constant number of array
@@ -30,6 +31,7 @@ class PhaseParams:
     lead: np.ndarray  # positions a Reuse also runs before its block (phases.query_lead)
     delay_step: np.ndarray
     refresh_interval: np.ndarray
+    segment: np.ndarray  # block length of a block-causal request (phases.block_causal_phase), else 0
 
 
 @dataclass
@@ -39,6 +41,7 @@ class BatchPhases:
     query_end: np.ndarray  # [R]
     reuse_start: np.ndarray  # [R]: the queries a Reuse step of the active block runs
     reuse_end: np.ndarray  # (a sparse Refresh ranks positions with them)
+    segment: np.ndarray  # [R]: block-causal queries are segments of this many, 0: one sequence
 
     @property
     def num_queries(self) -> np.ndarray:
@@ -56,5 +59,14 @@ def batch_phases(p: PhaseParams) -> BatchPhases:
     reuse_start = block_start - p.lead
     query_start = np.where(refresh, 0, reuse_start)
     query_end = np.where(refresh, seq_len, reuse_end)
+
+    causal = p.segment > 0
+    length = np.maximum(p.segment, 1)
+    active = p.prompt_len - p.prompt_len % length + p.block * length
+    boundary = (p.block_step == 0) & (p.block > 0)
+    causal_start = np.where(~p.has_cache, 0, np.where(boundary, active - length, active))
+    refresh = np.where(causal, ~p.has_cache, refresh)
+    query_start = np.where(causal, causal_start, query_start)
+    query_end = np.where(causal, active + length, query_end)
     return BatchPhases(refresh=refresh, query_start=query_start, query_end=query_end,
-                       reuse_start=reuse_start, reuse_end=reuse_end)
+                       reuse_start=reuse_start, reuse_end=reuse_end, segment=p.segment)

@@ -39,6 +39,27 @@ class SequenceLayout:
             f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[index] for f in fields(self)
         })
 
+    def split_blocks(self, segment: np.ndarray) -> tuple["SequenceLayout", np.ndarray]:
+        """Each sequence with `segment` > 0 (block-causal: its queries are whole blocks
+        of that length) becomes one sequence per block, attending up to the block's
+        own end; the others stay as they are.  Returns the new layout and, per old
+        sequence, the index of its last piece (the active block's)."""
+        pieces = np.where(segment > 0, self.num_queries // np.maximum(segment, 1), 1)
+        last = np.cumsum(pieces) - 1
+        if (pieces == 1).all() and not (segment > 0).any():
+            return self, last
+        old = np.repeat(np.arange(len(pieces)), pieces)
+        within = np.arange(len(old)) - (last - pieces + 1)[old]
+        split = self.take(old)
+        causal = segment[old] > 0
+        start = split.query_start + within * segment[old]
+        split.query_start = np.where(causal, start, split.query_start)
+        split.num_queries = np.where(causal, segment[old], split.num_queries)
+        split.seq_len = np.where(causal, start + segment[old], split.seq_len)
+        if split.slot_start is not None:
+            split.slot_start = np.where(causal, start, split.slot_start)
+        return split, last
+
 
 @dataclass
 class FillLayout:

@@ -23,7 +23,7 @@ from vllm.v1.request import Request, RequestStatus
 from vllm_dllm.kv_footprint import request_slots
 from vllm_dllm.metrics import StepStats
 from vllm_dllm.options import DecodeOptions, OptionError, resolve, sequence_copies
-from vllm_dllm.phases import StepPhase, block_phase
+from vllm_dllm.phases import StepPhase, block_phase, keeps_cache_over_preemption
 from vllm_dllm.scheduler.accounting import ComputedTokensAccounting
 from vllm_dllm.scheduler.plan import Candidate, Holder, choose_preemptions, plan_step
 from vllm_dllm.server_config import server_defaults
@@ -49,7 +49,7 @@ class RequestTrack:
 
     @property
     def steps_per_block(self) -> int:
-        return self.options.steps_per_block
+        return self.options.max_steps_per_block
 
     @property
     def num_blocks(self) -> int:
@@ -136,11 +136,13 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             )
         except OptionError as err:
             return str(err)
+        options = options.placed(request.num_prompt_tokens)
         seq_len = request.num_prompt_tokens + options.gen_length
         if seq_len > self.max_model_len:
+            padded = f", padded to whole blocks of {options.block_length}" if options.block_causal else ""
             return (
                 f"prompt ({request.num_prompt_tokens} tokens) plus generation length "
-                f"({options.gen_length}) exceeds max_model_len {self.max_model_len}"
+                f"({options.gen_length}{padded}) exceeds max_model_len {self.max_model_len}"
             )
         tokens = seq_len * sequence_copies(options)
         slots = request_slots(options, request.num_prompt_tokens)
@@ -208,7 +210,8 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
         # request's KV: its next step must be a Refresh.
         track = self._costs.get(request.request_id)
         if track is not None:
-            track.evicted = track.evicted or track.has_cache
+            # A block-causal request recomputes its prefix from its tokens instead.
+            track.evicted = track.evicted or (track.has_cache and keeps_cache_over_preemption(track.options))
             track.has_cache = False
         super()._preempt_request(request, timestamp, drop_stale_output)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 from vllm.config import VllmConfig
+from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader import get_model
 from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
@@ -82,14 +83,14 @@ class DiffusionModelRunner:
         before = _device_memory_allocated(self.device)
         self.model = get_model(vllm_config=self.vllm_config)
         self.model_memory_usage = _device_memory_allocated(self.device) - before
-        logger.info("Diffusion model loaded; special ids %s", special_ids(self.model_config))
+        logger.info("Diffusion model loaded; special ids %s", special_ids(self.model_config, self.defaults.kind))
         self._build_engine()
 
     def _build_engine(self) -> None:
         self.engine = StepEngine(
             self.model,
             kind=self.defaults.kind,
-            ids=special_ids(self.model_config),
+            ids=special_ids(self.model_config, self.defaults.kind),
             capacity=self.vllm_config.scheduler_config.max_num_seqs,
             max_model_len=self.model_config.max_model_len,
             block_size=self.block_size,
@@ -98,7 +99,13 @@ class DiffusionModelRunner:
             device=self.device,
             cuda_graphs=not self.model_config.enforce_eager,
             graph_capture=self._graph_capture(),
+            model_context=self._forward_context,
         )
+
+    def _forward_context(self, num_tokens: int):
+        """vLLM's forward context around a forward: its fused MoE layers find
+        themselves there (our attention reads its own metadata)."""
+        return set_forward_context(None, self.vllm_config, num_tokens=num_tokens)
 
     def _graph_capture(self):
         """Under tensor parallelism a Reuse graph holds all-reduces: vLLM's custom

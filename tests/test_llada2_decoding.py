@@ -1,0 +1,133 @@
+"""LLaDA2.0 and LLaDA2.1 decoding through vLLM's engine, token for token against the
+oracle's generate() (tests/oracle_llada2.py: a plain whole-window forward with the
+block-causal mask at every step, no cache), batched and one at a time; and no
+forward is spent on the K/V of a finished block: a request runs exactly the
+reference's forwards.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from vllm import SamplingParams
+
+from tests.conftest import random_prompt
+from tests.oracle_llada2 import llada2_generate, load_llada2_oracle
+from tests.tie_free import compare_each_case
+from vllm_dllm import eval as task_eval
+from vllm_dllm.options import LLADA2_MODES
+
+
+@dataclass
+class Case:
+    name: str
+    prompt_len: int
+    max_tokens: int
+    extra: dict = field(default_factory=dict)
+    temperature: float = 0.0
+    seed: int = 0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def params(self) -> SamplingParams:
+        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, seed=self.seed,
+                              top_k=self.top_k, top_p=self.top_p, extra_args=dict(self.extra))
+
+    def reference_options(self) -> dict:
+        options = dict(self.extra)
+        mode = options.pop("mode", None)
+        if mode is not None:
+            options = {**LLADA2_MODES[mode], **options}
+        return options
+
+
+# Block length 8 on the tiny model; prompts shorter than a block, exactly one, one
+# past one, and several blocks long.
+CASES = [
+    Case("2.0, short prompt, threshold 0.95, a token per step", 5, 24, {"block_length": 8, "steps": 8}),
+    Case("2.0, one-block prompt, threshold 0.5, steps < block", 8, 16, {"block_length": 8, "steps": 4, "threshold": 0.5}),
+    Case("2.0, one past a block, steps > block", 9, 20, {"block_length": 8, "threshold": 0.5}),
+    Case("2.0, defaults (block 32, steps 32, threshold 0.95)", 19, 30, {}),
+    Case("2.0, several prompt blocks", 27, 12, {"block_length": 8, "steps": 8, "threshold": 0.7}),
+    Case("2.1, quality mode", 13, 20, {"block_length": 8, "mode": "quality"}),
+    Case("2.1, speed mode", 3, 12, {"block_length": 8, "mode": "speed"}),
+    Case("2.1, the signature's defaults", 8, 16, {"block_length": 8, "editing_threshold": 0.9}),
+    Case("2.1, no post steps", 9, 16, {"block_length": 8, "mode": "quality", "max_post_steps": 0}),
+    Case("2.1, two post steps, two per step", 17, 16,
+         {"block_length": 8, "mode": "quality", "max_post_steps": 2, "num_to_transfer": 2}),
+    Case("2.0 sampled, top-k and top-p", 6, 16, {"block_length": 8, "steps": 8}, temperature=0.8, seed=3,
+         top_k=20, top_p=0.9),
+    Case("2.1 sampled", 10, 16, {"block_length": 8, "mode": "quality"}, temperature=0.7, seed=5),
+]
+
+
+@pytest.fixture(scope="module")
+def served(tiny_dirs):
+    model_dir = tiny_dirs("llada2")
+    runner = task_eval.OfflineRunner(
+        model_dir,
+        dict(dtype="float32", max_model_len=256, max_num_seqs=16, kv_cache_memory_bytes=64 << 20,
+             enforce_eager=True, gpu_memory_utilization=0.3, seed=0),
+    )
+    yield model_dir, runner
+    runner.engine.engine_core.shutdown()
+
+
+def run(runner, prompts: list[list[int]], cases: list[Case]) -> list[list[int]]:
+    order = []
+    for prompt, case in zip(prompts, cases):
+        req_id = f"llada2-{runner._next_id}"
+        runner._next_id += 1
+        order.append(req_id)
+        runner.engine.add_request(req_id, {"prompt_token_ids": prompt}, case.params())
+    done = {}
+    while runner.engine.has_unfinished_requests():
+        for out in runner.engine.step():
+            if out.finished:
+                done[out.request_id] = list(out.outputs[0].token_ids)
+    return [done[req_id] for req_id in order]
+
+
+def test_plugin_matches_the_reference_batched_and_alone_with_its_forwards(served):
+    model_dir, runner = served
+    ids = json.loads((Path(model_dir) / "generation_config.json").read_text())
+    oracle = load_llada2_oracle(model_dir)
+    edited = set()
+
+    def compare_draw(draw: int, pending: list[Case]) -> list[Case]:
+        rng = random.Random(11 + draw)
+        prompts = [random_prompt(rng, case.prompt_len) for case in pending]
+        batched = run(runner, prompts, pending)
+        tied = []
+        for case, prompt, got in zip(pending, prompts, batched):
+            before = runner._steps()
+            alone = run(runner, [prompt], [case])[0]
+            forwards = runner._steps() - before
+            assert alone == got, f"{case.name}: batching changed the output"
+            want = llada2_generate(
+                oracle, prompt, gen_length=case.max_tokens, mask_id=ids["mask_token_id"], eos_id=ids["eos_token_id"],
+                temperature=case.temperature, top_k=case.top_k or None, top_p=case.top_p if case.top_p < 1 else None,
+                seed=case.seed, **case.reference_options(),
+            )
+            if want.ties:
+                tied.append(case)
+                continue
+            assert got == want.tokens, f"{case.name}: plugin {got} != reference {want.tokens}"
+            # Every step of the plugin is one of the reference's forwards (the K/V of a
+            # finished block are written by the next block's first step), and it stops
+            # as soon as its output is final.
+            assert forwards == want.forwards_to_output <= want.forwards, (
+                f"{case.name}: {forwards} steps, the reference's output was final after "
+                f"{want.forwards_to_output} of its {want.forwards} forwards"
+            )
+            if want.edits:
+                edited.add(case.name)
+        return tied
+
+    compare_each_case(CASES, compare_draw)
+    # The 2.1 cases do exercise token editing on this model.
+    assert len(edited) >= 4, sorted(edited)

@@ -1,0 +1,184 @@
+"""LLaDA2.0's and LLaDA2.1's `generate()` over a batch: block diffusion with a
+confidence threshold, and (2.1) token editing of the active block.
+
+Geometry: the canvas is the generated region of a block-aligned window (the prompt's
+partial last block is denoised together with the first generated positions, and the
+last block is padded to whole blocks).  Canvas block k spans canvas positions
+[k B - lead, (k + 1) B - lead), lead = prompt length mod B; the first is cut at 0.
+
+LLaDA2.0, per step of a block: the quota k of the schedule (block_length // steps per
+step, the first block_length % steps steps one more; trailing zeros when steps >
+block_length); every masked position whose confidence exceeds `threshold` is committed
+if there are at least k of them, else the k most confident; the block ends when it has
+no masks, or after `steps` steps.
+
+LLaDA2.1 (editing on): masks are committed the same way with `num_to_transfer` as the
+fixed quota (M2T), and in the same step every generated, unmasked position of the
+block whose predicted token differs from its current one with probability above
+`editing_threshold` is rewritten (T2T).  A step that starts without masks counts as a
+post step; the block ends after a step that started without masks and edited nothing,
+or when the next step would be post step number `max_post_steps` + 1.
+
+The mask id is never a prediction (its logit is removed first).  The references
+allow it, and committing it leaves the position masked: under editing a model that
+keeps predicting it would keep its block open forever (their loop has no bound
+then).  A trained model never predicts the mask, so this only bounds a server's
+step count: every step with masks commits at least one real token.
+
+Sampling as the references: temperature 0 takes the argmax, with the unfiltered
+softmax probability as confidence; at T > 0 the logits are divided by T, filtered by
+top-k then top-p, and a token is drawn from that distribution (inverse CDF from the
+Philox stream, decoding/sampling.py); its probability there is its confidence.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_dllm.decoding import sampling
+from vllm_dllm.decoding.base import BatchedRule, DecodeState, StepPlan, register_rule
+from vllm_dllm.options import LLADA2, LLaDA2Options
+
+_LOWEST = float("-inf")
+
+
+def quota(block_length: torch.Tensor, steps: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """Tokens the 2.0 schedule asks for at `step` of a block."""
+    return block_length // steps + (step < block_length % steps).long()
+
+
+def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The references' top-k then top-p filters per row (top_k <= 0, top_p >= 1: off).
+    Values tied with the k-th are kept; the token crossing top_p is kept."""
+    k = top_k.clamp(min=1, max=logits.shape[-1])
+    kth = torch.sort(logits, dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
+    logits = torch.where((top_k > 0)[:, None] & (logits < kth), _LOWEST, logits)
+    ordered, order = torch.sort(logits, dim=-1, descending=True)
+    cumulative = torch.cumsum(torch.softmax(ordered, dim=-1), dim=-1)
+    remove = cumulative > top_p[:, None]
+    remove = torch.cat([torch.zeros_like(remove[:, :1]), remove[:, :-1]], dim=1) & (top_p < 1)[:, None]
+    return torch.empty_like(logits).scatter_(1, order, ordered.masked_fill(remove, _LOWEST))
+
+
+@register_rule(LLADA2)
+class LLaDA2Rule(BatchedRule):
+    def __init__(self, state: DecodeState):
+        super().__init__(state)
+        cap, device = state.capacity, state.device
+
+        def zeros(dtype):
+            return torch.zeros(cap, dtype=dtype, device=device)
+
+        self.block_length = torch.ones(cap, dtype=torch.long, device=device)
+        self.lead = zeros(torch.long)
+        self.threshold = zeros(torch.float32)
+        self.editing = zeros(torch.bool)
+        self.editing_threshold = zeros(torch.float32)
+        self.max_post_steps = zeros(torch.long)
+        self.num_to_transfer = zeros(torch.long)
+        self.post_steps = zeros(torch.long)
+        self.started_masked = zeros(torch.bool)  # the step being run began with masks in its block
+        self.top_k = zeros(torch.long)
+        self.top_p = torch.ones(cap, dtype=torch.float32, device=device)
+        self.filtered = False
+
+    def admit(self, slot: int, options: LLaDA2Options) -> None:
+        self.block_length[slot] = options.block_length
+        self.lead[slot] = options.lead
+        self.threshold[slot] = options.threshold
+        self.editing[slot] = options.editing_threshold is not None
+        self.editing_threshold[slot] = options.editing_threshold or 0.0
+        self.max_post_steps[slot] = options.max_post_steps
+        self.num_to_transfer[slot] = options.num_to_transfer
+        self.post_steps[slot] = 0
+        self.top_k[slot] = options.top_k or 0
+        self.top_p[slot] = options.top_p or 1.0
+
+    def prepare(self, slots_host) -> None:
+        super().prepare(slots_host)
+        # Filters apply only when sampling (at T == 0 the references take the argmax).
+        self.filtered = self.sampled
+
+    def block_range(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[start, end) of each request's active block, in canvas positions."""
+        length = self.block_length[slots]
+        start = self.state.block[slots] * length - self.lead[slots]
+        return start.clamp(min=0), start + length
+
+    def plan(self, slots: torch.Tensor, width: int) -> StepPlan:
+        start, end = self.block_range(slots)
+        columns = torch.arange(width, device=slots.device)
+        in_block = (columns >= start[:, None]) & (columns < end[:, None]) & (columns < self.state.gen_length[slots, None])
+        masked = self.state.masked(slots, width) & in_block
+        editing = self.editing[slots]
+        # Editing reads every generated position of the block; 2.0 only its masks.
+        candidates = torch.where(editing[:, None], in_block, masked)
+        has_masks = masked.any(dim=1)
+        self.started_masked[slots] = has_masks
+        self.post_steps[slots] += (~has_masks & editing).long()
+        schedule = quota(self.block_length[slots], self.state.steps_per_block[slots], self.state.block_step[slots])
+        fixed = torch.where(editing, self.num_to_transfer[slots], schedule)
+        count = torch.minimum(fixed, masked.sum(dim=1))
+        return StepPlan(candidates=candidates, count=count)
+
+    def reduce(self, logits, slots, positions):
+        state = self.state
+        logits[:, state.ids.mask] = _LOWEST
+        if not self.sampled:
+            tokens = logits.argmax(dim=-1)
+            confidence = torch.softmax(logits.float(), dim=-1).gather(1, tokens[:, None]).squeeze(1)
+            return tokens, confidence
+        temperature = state.temperature[slots]
+        hot = temperature > 0
+        scaled = logits.double() / torch.where(hot, temperature, 1.0).double()[:, None]
+        scaled = torch.where(hot[:, None], filter_top_k_top_p(scaled, self.top_k[slots], self.top_p[slots]), scaled)
+        probs = torch.softmax(scaled, dim=-1)
+        u = sampling.uniform(state.seed[slots], state.step[slots], positions, sampling.LLADA_SAMPLE, torch.float64)
+        tokens = torch.where(hot, sampling.inverse_cdf(probs, u), logits.argmax(dim=-1))
+        return tokens, probs.gather(1, tokens[:, None]).squeeze(1).float()
+
+    def commit(self, slots: torch.Tensor, plan: StepPlan, tokens: torch.Tensor, confidence: torch.Tensor) -> None:
+        state = self.state
+        width = plan.candidates.shape[1]
+        current = state.canvas[slots, :width]
+        masked = plan.candidates & (current == state.ids.mask)
+        # Masks: all above the threshold when they reach the quota, else the quota's
+        # most confident (ties toward the lower position).
+        keys = torch.where(masked, confidence.double(), _LOWEST)
+        keys = torch.where(masked & (keys == _LOWEST), -torch.finfo(torch.float64).max, keys)
+        order = torch.sort(keys, dim=1, descending=True, stable=True).indices
+        rank = torch.empty_like(order).scatter_(1, order, torch.arange(width, device=keys.device).expand_as(order))
+        high = masked & (confidence > self.threshold[slots, None])
+        take = torch.where(high.sum(dim=1) >= plan.count, high.sum(dim=1), plan.count)
+        commit = masked & (rank < take[:, None])
+        edit = (plan.candidates & ~masked & self.editing[slots, None]
+                & (confidence > self.editing_threshold[slots, None]) & (tokens != current))
+        state.canvas[slots, :width] = torch.where(commit | edit, tokens, current)
+        state.step[slots] += 1
+        done = self._block_done(slots, plan, edit.any(dim=1))
+        state.block[slots] += done.long()
+        state.block_step[slots] = torch.where(done, 0, state.block_step[slots] + 1)
+        self.post_steps[slots] = torch.where(done, 0, self.post_steps[slots])
+
+    def _block_done(self, slots: torch.Tensor, plan: StepPlan, edited: torch.Tensor) -> torch.Tensor:
+        state = self.state
+        width = plan.candidates.shape[1]
+        start, end = self.block_range(slots)
+        columns = torch.arange(width, device=slots.device)
+        in_block = (columns >= start[:, None]) & (columns < end[:, None])
+        masks_left = (state.masked(slots, width) & in_block).any(dim=1)
+        # 2.0: no masks left, or the schedule's steps are spent.
+        plain = ~masks_left | (state.block_step[slots] + 1 >= state.steps_per_block[slots])
+        # 2.1: a step begun without masks edited nothing; or the next step would be one
+        # post step too many (checked before its forward by the reference).
+        quiet = ~self.started_masked[slots] & ~edited
+        exhausted = ~masks_left & (self.post_steps[slots] + 1 > self.max_post_steps[slots])
+        return torch.where(self.editing[slots], quiet | exhausted, plain)
+
+    def num_final(self, slots: torch.Tensor, width: int) -> torch.Tensor:
+        """Editing may rewrite any position of the active block until it ends: only
+        earlier blocks are final.  Without editing, committed tokens never change."""
+        final = self.state.num_final(slots, width)
+        start, _ = self.block_range(slots)
+        running = self.state.block[slots] < self.state.num_blocks[slots]
+        return torch.where(self.editing[slots] & running, torch.minimum(final, start), final)

@@ -1,0 +1,164 @@
+"""LLaDA2.x's diffusion options, named as the official `generate()` parameters.
+
+LLaDA2.0 and 2.1 share the model type and architecture; token editing (2.1) is on
+when `editing_threshold` is set, at any level, or a 2.1 mode is chosen: `quality`
+(threshold 0.7, editing_threshold 0.5) or `speed` (threshold 0.5, editing_threshold
+0.0), both with max_post_steps 16.  A mode supplies those three values; a key the
+request sets itself wins over the mode.  Defaults otherwise: generation_config.json,
+then the official function's (block_length 32, steps 32, threshold 0.95, ...).
+
+The canvas is block-aligned (decoding/llada2.py): `placed(prompt_len)` fixes where
+the prompt's partial last block leaves the first generated position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_dllm.options.common import (
+    CanvasPlacement,
+    Family,
+    KVCacheOptions,
+    OptionError,
+    ResolveInput,
+    _one_of,
+)
+
+LLADA2 = "llada2"
+
+# The official generate()'s ids, used only when neither the checkpoint's files nor
+# its tokenizer name them (the released config.json has no mask id).
+RELEASE_IDS = {"mask_token_id": 156895, "eos_token_id": 156892}
+
+LLADA2_MODES: dict[str, dict[str, Any]] = {
+    "quality": {"threshold": 0.7, "editing_threshold": 0.5, "max_post_steps": 16},
+    "speed": {"threshold": 0.5, "editing_threshold": 0.0, "max_post_steps": 16},
+}
+
+LLADA2_KEYS: dict[str, tuple[type, ...]] = {
+    "block_length": (int,),
+    "steps": (int,),
+    "threshold": (int, float),
+    "minimal_topk": (int,),
+    "eos_early_stop": (bool,),
+    "editing_threshold": (int, float, type(None)),
+    "max_post_steps": (int,),
+    "num_to_transfer": (int,),
+    "mode": (str,),
+}
+
+LLADA2_DEFAULTS: dict[str, Any] = {
+    "block_length": 32,
+    "steps": 32,
+    "threshold": 0.95,
+    "minimal_topk": 1,
+    "eos_early_stop": False,
+    "editing_threshold": None,
+    "max_post_steps": 16,
+    "num_to_transfer": 1,
+    "mode": None,
+}
+
+
+@dataclass(frozen=True)
+class LLaDA2Options(CanvasPlacement, KVCacheOptions):
+    max_tokens: int
+    block_length: int
+    steps: int
+    threshold: float
+    minimal_topk: int
+    eos_early_stop: bool  # the output is the same either way: a request ends at its first final EOS
+    editing_threshold: float | None  # None: LLaDA2.0 decoding, no token editing
+    max_post_steps: int
+    num_to_transfer: int
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    lead: int = 0  # prompt length mod block_length (placed())
+
+    block_causal = True
+
+    def placed(self, prompt_len: int) -> "LLaDA2Options":
+        return dataclasses.replace(self, lead=prompt_len % self.block_length)
+
+    @property
+    def num_blocks(self) -> int:
+        return -(-(self.lead + self.max_tokens) // self.block_length)
+
+    @property
+    def gen_length(self) -> int:
+        """Canvas positions: up to the end of the last block (denoised, not output)."""
+        return self.num_blocks * self.block_length - self.lead
+
+    @property
+    def output_length(self) -> int:
+        return self.max_tokens
+
+    @property
+    def steps_per_block(self) -> int:
+        return max(1, min(self.steps, self.max_tokens // self.minimal_topk))
+
+    @property
+    def max_steps_per_block(self) -> int:
+        if self.editing_threshold is None:
+            return self.steps_per_block
+        # A step commits at least one mask while any remain, then post steps follow.
+        return -(-self.block_length // self.num_to_transfer) + self.max_post_steps + 1
+
+    @property
+    def uses_cfg(self) -> bool:
+        return False
+
+
+def _range_problem(key: str, value: Any, prefix: str = "") -> str | None:
+    option = f"{prefix}diffusion option '{key}'"
+    if key == "editing_threshold" and value is not None and not 0 <= value <= 1:
+        return f"{option} must lie in [0, 1], got {value}"
+    if key in ("minimal_topk", "num_to_transfer") and value < 1:
+        return f"{option} must be a positive integer, got {value}"
+    if key == "max_post_steps" and value < 0:
+        return f"{option} must be >= 0, got {value}"
+    if key == "mode" and value not in LLADA2_MODES:
+        return f"{prefix}unknown mode '{value}': diffusion option 'mode' must be {_one_of(tuple(LLADA2_MODES))}"
+    return None
+
+
+def resolve_llada2(r: ResolveInput) -> LLaDA2Options:
+    merged = dict(r.merged)
+    mode = merged.get("mode")
+    if mode is not None:
+        merged.update({key: value for key, value in LLADA2_MODES[mode].items() if key not in r.given})
+    block_length = merged["block_length"]
+    if r.gen_length < merged["minimal_topk"]:
+        raise OptionError(
+            f"minimal_topk={merged['minimal_topk']} is more than the generation length (max_tokens={r.gen_length})"
+        )
+    editing = merged["editing_threshold"]
+    return LLaDA2Options(
+        max_tokens=r.gen_length,
+        block_length=block_length,
+        steps=r.steps,
+        threshold=float(merged["threshold"]),
+        minimal_topk=merged["minimal_topk"],
+        eos_early_stop=bool(merged["eos_early_stop"]),
+        editing_threshold=None if editing is None else float(editing),
+        max_post_steps=merged["max_post_steps"],
+        num_to_transfer=merged["num_to_transfer"],
+        temperature=float(r.temperature),
+        # vLLM's "off" values (top_k 0 or -1, top_p 1) mean no filter.
+        top_k=r.top_k if r.top_k > 0 else None,
+        top_p=r.top_p if r.top_p < 1 else None,
+    )
+
+
+FAMILY = Family(
+    kind=LLADA2,
+    name="LLaDA2",
+    architectures=("LLaDA2MoeModelLM",),
+    request_keys=LLADA2_KEYS,
+    paper_defaults=LLADA2_DEFAULTS,
+    resolve=resolve_llada2,
+    range_problem=_range_problem,
+)
