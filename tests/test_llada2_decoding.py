@@ -92,6 +92,12 @@ def run(runner, prompts: list[list[int]], cases: list[Case]) -> list[list[int]]:
     return [done[req_id] for req_id in order]
 
 
+def counter(runner, name: str) -> float:
+    import prometheus_client
+
+    return prometheus_client.REGISTRY.get_sample_value(f"vllm:diffusion_num_{name}_total", runner.labels) or 0.0
+
+
 def test_plugin_matches_the_reference_batched_and_alone_with_its_forwards(served):
     model_dir, runner = served
     ids = json.loads((Path(model_dir) / "generation_config.json").read_text())
@@ -104,9 +110,9 @@ def test_plugin_matches_the_reference_batched_and_alone_with_its_forwards(served
         batched = run(runner, prompts, pending)
         tied = []
         for case, prompt, got in zip(pending, prompts, batched):
-            before = runner._steps()
+            before, edits_before = runner._steps(), counter(runner, "edited_tokens")
             alone = run(runner, [prompt], [case])[0]
-            forwards = runner._steps() - before
+            forwards, edits = runner._steps() - before, counter(runner, "edited_tokens") - edits_before
             assert alone == got, f"{case.name}: batching changed the output"
             want = llada2_generate(
                 oracle, prompt, gen_length=case.max_tokens, mask_id=ids["mask_token_id"], eos_id=ids["eos_token_id"],
@@ -124,6 +130,7 @@ def test_plugin_matches_the_reference_batched_and_alone_with_its_forwards(served
                 f"{case.name}: {forwards} steps, the reference's output was final after "
                 f"{want.forwards_to_output} of its {want.forwards} forwards"
             )
+            assert edits == want.edits, f"{case.name}: {edits} edits counted, the reference made {want.edits}"
             if want.edits:
                 edited.add(case.name)
         return tied
@@ -131,3 +138,53 @@ def test_plugin_matches_the_reference_batched_and_alone_with_its_forwards(served
     compare_each_case(CASES, compare_draw)
     # The 2.1 cases do exercise token editing on this model.
     assert len(edited) >= 4, sorted(edited)
+
+
+def test_preempted_mid_block_resumes_with_the_same_tokens(tiny_dirs, monkeypatch):
+    """Under priority scheduling a higher-priority request takes the only KV block of
+    a running one mid-block; the preempted request's next step recomputes its prefix
+    (prompt and finished blocks) with its active block, and it decodes exactly as
+    if never preempted, with and without token editing."""
+    from tests.conftest import close_engine, make_engine
+
+    model_dir = tiny_dirs("llada2")
+    ids = json.loads((Path(model_dir) / "generation_config.json").read_text())
+    # The engine core in this process: one core step per engine.step(), so "mid-block"
+    # is a number of steps (a separate core runs ahead of the client, and with token
+    # editing a block's steps stream nothing until it ends).
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # One 128-token CPU block per request (2 layers x 1 KV head of 64, float32: 128 KiB)
+    # and a pool of two, one of them vLLM's null block: one request holds KV at a time.
+    llm = make_engine(model_dir, scheduling_policy="priority", max_model_len=128, kv_cache_memory_bytes=2 * 131072)
+    engine = llm.llm_engine
+    rng = random.Random(23)
+    oracle = load_llada2_oracle(model_dir)
+    cases = [Case("2.0", 12, 32, {"block_length": 8, "steps": 8, "threshold": 0.9}),
+             Case("2.1", 12, 32, {"block_length": 8, "mode": "quality", "max_post_steps": 2})]
+    try:
+        for case in cases:
+            low_prompt, high_prompt = random_prompt(rng, case.prompt_len), random_prompt(rng, 7)
+            engine.add_request(f"low-{case.name}", {"prompt_token_ids": low_prompt}, case.params(), priority=5)
+            streamed = 0
+            for _ in range(14):  # into its third canvas block (blocks of 8, the first has 4 masks)
+                for out in engine.step():
+                    streamed = len(out.outputs[0].token_ids)
+            assert engine.has_unfinished_requests() and 0 < streamed < case.max_tokens
+            high = Case("high", 7, 16, {"block_length": 8, "steps": 8})
+            engine.add_request(f"high-{case.name}", {"prompt_token_ids": high_prompt}, high.params(), priority=0)
+            finished, outputs = [], {}
+            for _ in range(400):
+                if not engine.has_unfinished_requests():
+                    break
+                for out in engine.step():
+                    if out.finished:
+                        finished.append(out.request_id)
+                        outputs[out.request_id] = list(out.outputs[0].token_ids)
+            assert not engine.has_unfinished_requests(), f"{case.name}: still running after 400 steps"
+            assert finished == [f"high-{case.name}", f"low-{case.name}"]
+            for name, prompt, c in ((f"low-{case.name}", low_prompt, case), (f"high-{case.name}", high_prompt, high)):
+                want = llada2_generate(oracle, prompt, gen_length=c.max_tokens, mask_id=ids["mask_token_id"],
+                                       eos_id=ids["eos_token_id"], **c.reference_options())
+                assert want.ties or outputs[name] == want.tokens, f"{name}: {outputs[name]} != {want.tokens}"
+    finally:
+        close_engine(llm)

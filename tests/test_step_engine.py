@@ -33,12 +33,12 @@ def llada(gen=32, steps=32, block=8, cache="dual", cfg=0.0, T=0.0, delay=0) -> L
     )
 
 
-def make_engine(capacity=16, max_len=128, backend=None):
+def make_engine(capacity=16, max_len=128, backend=None, kind="llada"):
     model = build_model(SHAPE, torch.float32, "cpu", seed=0)
     model.allocate_kv_pool(num_blocks=512, block_size=BLOCK_SIZE,
                            dtype=torch.float32, device="cpu")
     return StepEngine(
-        model, kind="llada", ids=IDS, capacity=capacity, max_model_len=max_len, block_size=BLOCK_SIZE,
+        model, kind=kind, ids=IDS, capacity=capacity, max_model_len=max_len, block_size=BLOCK_SIZE,
         max_num_logits=1024, backend=backend or TorchAttention(), device=torch.device("cpu"),
     )
 
@@ -80,6 +80,41 @@ def test_step_op_count_does_not_grow_with_requests(options, warmup):
     assert counts[1] == counts[4] == counts[16], counts
     # One counted sync: the candidates' nonzero, which sizes the LM-head work.  (The
     # other, the final device-to-host copy, dispatches nothing on a CPU.)
+    assert counts[1][1] == 1, counts
+
+
+def llada2(editing: float | None = None, T: float = 0.0) -> LLaDA2Options:
+    # Threshold 1 is never exceeded: one token a step, so the phases are known ahead.
+    return LLaDA2Options(
+        max_tokens=27, block_length=8, steps=8, threshold=1.0, minimal_topk=1, eos_early_stop=False,
+        editing_threshold=editing, max_post_steps=2, num_to_transfer=1, temperature=T, top_k=None, top_p=None,
+    )
+
+
+# Prompts of 13 tokens in blocks of 8: the first canvas block has 3 masks, so
+# without editing its 3 steps end it and the 4th step is block 1's first.
+@pytest.mark.parametrize("options,warmup", [
+    (llada2(), 0),  # the first step: the prompt's whole block, then the first canvas block
+    (llada2(), 1),  # inside a block: the active block's queries
+    (llada2(), 3),  # a block's first step: the finished block's final K/V too
+    (llada2(editing=0.5), 1),  # token editing reads every generated position of the block
+    (llada2(editing=0.5, T=0.8), 4),
+])
+def test_block_causal_step_op_count_does_not_grow_with_requests(options, warmup):
+    counts = {}
+    for requests in (1, 4, 16):
+        engine = make_engine(kind="llada2")
+        ids = add_requests(engine, requests, options, prompt_len=13)
+        for _ in range(warmup):
+            engine.step(ids)  # the first step prefills the prompt's whole blocks too
+        if options.editing_threshold is None and warmup == 3:
+            slots = [engine.slots[i] for i in ids]
+            assert (engine.host.block[slots] == 1).all() and (engine.host.block_step[slots] == 0).all()
+            assert len(engine.layout(np.array(slots)).sequences.slot) == 2 * requests
+        with OpCounter() as counter:
+            engine.step(ids)
+        counts[requests] = (counter.total, counter.syncs)
+    assert counts[1] == counts[4] == counts[16], counts
     assert counts[1][1] == 1, counts
 
 

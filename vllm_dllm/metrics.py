@@ -19,7 +19,7 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 EXTRA_FIELDS = ("refresh_steps", "reuse_steps", "query_tokens", "logits_rows", "delayed_steps", "cache_rebuilds",
-                "kv_slots", "kv_dense_slots")
+                "kv_slots", "kv_dense_slots", "edited_tokens", "completed_blocks")
 
 
 @dataclass
@@ -35,6 +35,8 @@ class StepStats:
     cache_rebuilds: int = 0  # steps that first rebuilt a cache preemption freed (phases.py)
     kv_slots: int = 0  # KV slots the running requests hold (kv_footprint.py)...
     kv_dense_slots: int = 0  # ...and would hold with every position cached
+    edited_tokens: int = 0  # committed tokens rewritten by token editing (LLaDA2.1)
+    completed_blocks: int = 0  # canvas blocks that ended (denoising steps / blocks: forwards per block)
 
     def to_spec_decoding_stats(self) -> SpecDecodingStats:
         return SpecDecodingStats(
@@ -71,6 +73,14 @@ _COUNTERS = {
         "vllm:diffusion_num_cache_rebuilds",
         "Denoising steps that first rebuilt a KV cache freed by preemption.",
     ),
+    "edited_tokens": (
+        "vllm:diffusion_num_edited_tokens",
+        "Committed tokens rewritten by token editing (LLaDA2.1).",
+    ),
+    "completed_blocks": (
+        "vllm:diffusion_num_completed_blocks",
+        "Canvas blocks that ended; denoising steps per completed block is the forwards per block.",
+    ),
 }
 _GAUGES = {
     "kv_slots": ("vllm:diffusion_kv_slots", "KV slots held by the running requests (sparse: kept positions + block)."),
@@ -83,7 +93,7 @@ _BUCKETS = (1, 8, 32, 128, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
 class DiffusionStatLogger(StatLoggerBase):
-    """Registered as a stat-logger plugin; active only when LLaDA or Dream is served."""
+    """Registered as a stat-logger plugin; active only when a diffusion model is served."""
 
     def __init__(self, vllm_config, engine_index: int = 0):
         from vllm_dllm.server_config import served_kind

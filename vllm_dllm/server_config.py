@@ -28,6 +28,7 @@ from vllm_dllm.options import (
     OptionError,
     is_filter,
 )
+from vllm_dllm.options.llada2 import unsupported_release
 from vllm_dllm.server_defaults import ServerDefaults
 
 logger = init_logger(__name__)
@@ -94,6 +95,10 @@ class DiffusionConfigHook:
         kind = served_kind(model_config)
         if kind is None:
             return
+        if kind == LLADA2:
+            problem = unsupported_release(model_config.hf_config)
+            if problem:
+                raise ValueError(f"{model_config.model}: {problem}")
         overrides = dict(model_config.override_generation_config or {})
         gen_config = _generation_config(model_config)
         if kind in (LLADA, LLADA2) and "temperature" not in gen_config:

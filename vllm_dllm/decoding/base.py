@@ -86,6 +86,10 @@ class DecodeState:
     def masked(self, slots: torch.Tensor, width: int) -> torch.Tensor:
         return self.canvas[slots, :width] == self.ids.mask
 
+    def edits(self, slots: torch.Tensor) -> torch.Tensor:
+        """Committed tokens each request's last step rewrote (token editing)."""
+        return torch.zeros_like(slots)
+
     def num_final(self, slots: torch.Tensor, width: int) -> torch.Tensor:
         """Length of each request's committed prefix: the tokens that can be streamed.
 
@@ -215,6 +219,10 @@ class BatchedRule(ABC):
         done = self.block_done(slots, plan)
         state.block[slots] += done.long()
         state.block_step[slots] = torch.where(done, 0, state.block_step[slots] + 1)
+
+    def edits(self, slots: torch.Tensor) -> torch.Tensor:
+        """Committed tokens each request's last step rewrote (token editing)."""
+        return torch.zeros_like(slots)
 
     def num_final(self, slots: torch.Tensor, width: int) -> torch.Tensor:
         """Length of each request's final prefix (streamable, never rewritten)."""

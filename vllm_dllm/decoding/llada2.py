@@ -77,6 +77,7 @@ class LLaDA2Rule(BatchedRule):
         self.max_post_steps = zeros(torch.long)
         self.num_to_transfer = zeros(torch.long)
         self.post_steps = zeros(torch.long)
+        self.edited = zeros(torch.long)  # positions the last step rewrote
         self.started_masked = zeros(torch.bool)  # the step being run began with masks in its block
         self.top_k = zeros(torch.long)
         self.top_p = torch.ones(cap, dtype=torch.float32, device=device)
@@ -154,6 +155,7 @@ class LLaDA2Rule(BatchedRule):
         edit = (plan.candidates & ~masked & self.editing[slots, None]
                 & (confidence > self.editing_threshold[slots, None]) & (tokens != current))
         state.canvas[slots, :width] = torch.where(commit | edit, tokens, current)
+        self.edited[slots] = edit.sum(dim=1)
         state.step[slots] += 1
         done = self._block_done(slots, plan, edit.any(dim=1))
         state.block[slots] += done.long()
@@ -174,6 +176,9 @@ class LLaDA2Rule(BatchedRule):
         quiet = ~self.started_masked[slots] & ~edited
         exhausted = ~masks_left & (self.post_steps[slots] + 1 > self.max_post_steps[slots])
         return torch.where(self.editing[slots], quiet | exhausted, plain)
+
+    def edits(self, slots: torch.Tensor) -> torch.Tensor:
+        return self.edited[slots]
 
     def num_final(self, slots: torch.Tensor, width: int) -> torch.Tensor:
         """Editing may rewrite any position of the active block until it ends: only

@@ -67,6 +67,10 @@ class StepOutput:
     new_tokens: list[list[int]]  # per scheduled request, in order
     logits_rows: int  # LM-head rows this step computed
     progress: list[tuple[int, int]]  # per scheduled request: (block, step in block) of its next step
+    edits: int = 0  # committed tokens the step rewrote (token editing)
+
+
+_CANVAS = 5  # the report's first canvas column (after final, candidates, block, block step, edits)
 
 
 class StepEngine:
@@ -354,17 +358,19 @@ class StepEngine:
         final = self.rule.num_final(slots, width)
         report = torch.cat(
             [final[:, None], done.plan.candidates.sum(dim=1)[:, None], decode.block[slots, None],
-             decode.block_step[slots, None], decode.canvas[slots, :width]], dim=1,
+             decode.block_step[slots, None], self.rule.edits(slots)[:, None], decode.canvas[slots, :width]], dim=1,
         ).to("cpu")  # the step's second sync: everything the host needs, in one copy
         progress = report[:, 2:4].numpy()
         h.block[slots_host], h.block_step[slots_host] = progress[:, 0], progress[:, 1]
-        new_tokens, logits_rows = [], 0
+        new_tokens, logits_rows, edits = [], 0, 0
         for req_id, row, copies in zip(req_ids, report.tolist(), self.copies[slots_host].tolist()):
             start, end = self.emitted[req_id], row[0]
-            new_tokens.append(row[4 + start : 4 + end])
+            new_tokens.append(row[_CANVAS + start : _CANVAS + end])
             self.emitted[req_id] = end
             logits_rows += row[1] * copies
-        return StepOutput(new_tokens=new_tokens, logits_rows=logits_rows, progress=[tuple(p) for p in progress.tolist()])
+            edits += row[4]
+        return StepOutput(new_tokens=new_tokens, logits_rows=logits_rows, progress=[tuple(p) for p in progress.tolist()],
+                          edits=edits)
 
     def _keep_snapshots(self, slots_host: np.ndarray, batch: BatchLayout) -> None:
         """The canvas a cached request's Refresh runs on: what its cache holds until

@@ -112,6 +112,23 @@ class LLaDA2Options(CanvasPlacement, KVCacheOptions):
         return False
 
 
+# LLaDA2.2 (Levenshtein editing: DELETE / SPLIT tokens, block routing of experts)
+# keeps the architecture and model type; its config names the edit tokens.
+LLADA22_CONFIG_KEYS = ("delete_token_id", "split_token_id")
+
+
+def unsupported_release(hf_config) -> str | None:
+    """Why a llada2_moe checkpoint cannot be served exactly, or None."""
+    found = [key for key in LLADA22_CONFIG_KEYS if getattr(hf_config, key, None) is not None]
+    if found:
+        return (
+            f"this looks like a LLaDA2.2 checkpoint (config.json sets {', '.join(found)}): its decoding "
+            "(Levenshtein editing with DELETE/SPLIT tokens) and its per-block expert routing are not "
+            "supported yet (docs/llada2.2.md); LLaDA2.0 and LLaDA2.1 checkpoints are"
+        )
+    return None
+
+
 def _range_problem(key: str, value: Any, prefix: str = "") -> str | None:
     option = f"{prefix}diffusion option '{key}'"
     if key == "editing_threshold" and value is not None and not 0 <= value <= 1:

@@ -311,6 +311,7 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             query_tokens=scheduler_output.total_num_scheduled_tokens,
             logits_rows=getattr(model_runner_output, "logits_rows", 0),
             delayed_steps=self._delayed,
+            edited_tokens=getattr(model_runner_output, "edits", 0),
         )
         for request in self.running:
             track = self._costs.get(request.request_id)
@@ -330,7 +331,9 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
                 stats.reuse_steps += 1
             stats.cache_rebuilds += track.needs_rebuild
             index = model_runner_output.req_id_to_index.get(req_id)
+            block = track.block
             track.advance(progress[index] if progress is not None and index is not None else None)
+            stats.completed_blocks += max(track.block - block, 0)
             # A Refresh fills the cache; a rebuilt one is whole again either way.
             track.has_cache = track.has_cache or phase.refresh or track.evicted
             track.evicted = False

@@ -48,10 +48,12 @@ def _device_memory_allocated(device: torch.device) -> int:
 class DiffusionRunnerOutput(ModelRunnerOutput):
     """vLLM's runner output plus what the step cost (for the scheduler's metrics) and
     each request's progress, (block, step in block) of its next step (for its
-    pricing: a parallel decoding rule ends a block when it has no masks left)."""
+    pricing: a parallel decoding rule ends a block when it has no masks left) and the
+    tokens token editing rewrote."""
 
     logits_rows: int = 0
     progress: list[tuple[int, int]] = field(default_factory=list)
+    edits: int = 0
 
 
 class DiffusionModelRunner:
@@ -196,6 +198,7 @@ class DiffusionModelRunner:
             sampled_token_ids=result.new_tokens,
             logits_rows=result.logits_rows,
             progress=result.progress,
+            edits=result.edits,
         )
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:

@@ -1,0 +1,89 @@
+"""LLaDA2.x options: the official generate()'s names and defaults, the 2.1 modes, the
+block-aligned canvas, refusals, and the LLaDA2.2 start-up check."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_dllm.options import LLADA2, OptionError, resolve
+from vllm_dllm.options.llada2 import unsupported_release
+from vllm_dllm.phases import block_causal_phase
+from vllm_dllm.server_defaults import ServerDefaults
+
+
+def options(extra=None, server=None, generation=None, max_tokens=40, temperature=0.0, top_k=0, top_p=1.0):
+    defaults = ServerDefaults.build(LLADA2, generation or {}, server or {})
+    return resolve(defaults, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                   extra_args=extra)
+
+
+def test_defaults_are_the_official_functions():
+    o = options()
+    assert (o.block_length, o.steps, o.threshold, o.minimal_topk, o.eos_early_stop) == (32, 32, 0.95, 1, False)
+    assert o.editing_threshold is None and o.max_post_steps == 16 and o.num_to_transfer == 1
+    assert o.top_k is None and o.top_p is None and not o.uses_cfg and o.block_causal
+
+
+def test_generation_config_then_server_then_request():
+    o = options(generation={"threshold": 0.8, "block_length": 16}, server={"threshold": 0.6})
+    assert (o.threshold, o.block_length) == (0.6, 16)
+    assert options({"threshold": 0.5}, server={"threshold": 0.6}).threshold == 0.5
+
+
+def test_modes_switch_editing_on_and_request_keys_win():
+    quality = options({"mode": "quality"})
+    assert (quality.threshold, quality.editing_threshold, quality.max_post_steps) == (0.7, 0.5, 16)
+    speed = options({"mode": "speed", "max_post_steps": 4})
+    assert (speed.threshold, speed.editing_threshold, speed.max_post_steps) == (0.5, 0.0, 4)
+    assert options(server={"mode": "speed"}).editing_threshold == 0.0
+    assert options({"editing_threshold": 0.9}).editing_threshold == 0.9
+
+
+def test_the_canvas_is_block_aligned_and_outputs_max_tokens():
+    o = options({"block_length": 8}, max_tokens=20).placed(13)
+    # The prompt's last 5 tokens share the first block with 3 generated positions.
+    assert (o.lead, o.num_blocks, o.gen_length, o.output_length) == (5, 4, 27, 20)
+    assert options({"block_length": 8}, max_tokens=16).placed(16).gen_length == 16
+    # 2.0's steps are capped by max_tokens / minimal_topk, as the reference does.
+    assert options({"steps": 32, "minimal_topk": 2}, max_tokens=20).steps_per_block == 10
+
+
+def test_block_causal_phases():
+    # First step: every block from the start (prompt blocks 0, 1 and the active 2).
+    assert block_causal_phase(8, 20, 0, 0, False).query_start == 0
+    assert block_causal_phase(8, 20, 0, 0, False).query_end == 24
+    # Inside a block: the active block only; a block's first step: the finished one too.
+    assert (block_causal_phase(8, 20, 0, 3, True).query_start, block_causal_phase(8, 20, 0, 3, True).query_end) == (16, 24)
+    assert (block_causal_phase(8, 20, 1, 0, True).query_start, block_causal_phase(8, 20, 1, 0, True).query_end) == (16, 32)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"cache": "dual"}, "unknown diffusion option 'cache' for llada2 models"),
+    ({"mode": "turbo"}, "unknown mode 'turbo': diffusion option 'mode' must be quality or speed"),
+    ({"editing_threshold": 1.5}, "diffusion option 'editing_threshold' must lie in [0, 1], got 1.5"),
+    ({"num_to_transfer": 0}, "diffusion option 'num_to_transfer' must be a positive integer, got 0"),
+    ({"max_post_steps": -1}, "diffusion option 'max_post_steps' must be >= 0, got -1"),
+    ({"threshold": 0}, "diffusion option 'threshold' must lie in (0, 1], got 0"),
+    ({"block_length": 0}, "diffusion option 'block_length' must be a positive integer, got 0"),
+    ({"minimal_topk": 50}, "minimal_topk=50 is more than the generation length (max_tokens=40)"),
+    ({"eos_early_stop": "yes"}, "diffusion option 'eos_early_stop' must be bool, got str 'yes'"),
+])
+def test_refusals_name_the_problem(extra, message):
+    with pytest.raises(OptionError) as error:
+        options(extra)
+    assert message in str(error.value)
+
+
+def test_sampling_fields_are_vllms():
+    o = options(temperature=0.7, top_k=20, top_p=0.9)
+    assert (o.temperature, o.top_k, o.top_p) == (0.7, 20, 0.9)
+    with pytest.raises(OptionError, match="'top_k' is a standard sampling parameter"):
+        options({"top_k": 5})
+
+
+def test_llada22_checkpoints_are_recognised():
+    assert unsupported_release(SimpleNamespace()) is None
+    problem = unsupported_release(SimpleNamespace(delete_token_id=156930, split_token_id=156931))
+    assert "LLaDA2.2" in problem and "delete_token_id, split_token_id" in problem
