@@ -143,6 +143,21 @@ def _argmax_tied(row: torch.Tensor) -> bool:
     return bool((row == row.max()).sum() > 1)
 
 
+def _masks_to_commit(p: torch.Tensor, active: torch.Tensor, threshold: float, quota: int):
+    """(chosen, tied): every active position above the threshold when they reach the
+    quota, else the quota's most confident; tied when the quota's cut is an exact tie."""
+    conf = torch.where(active, p, torch.tensor(float("-inf")))
+    high = (conf > threshold) & active
+    if int(high.sum()) >= quota:
+        return high, 0
+    n = min(quota, int(active.sum()))
+    ordered = conf.sort(descending=True).values
+    tied = int(0 < n < len(ordered) and bool(ordered[n - 1] == ordered[n]) and bool(ordered[n] > float("-inf")))
+    chosen = torch.zeros(len(p), dtype=torch.bool)
+    chosen[conf.topk(n).indices] = True
+    return chosen, tied
+
+
 def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None, draws):
     """(token, probability) per row: the argmax at T == 0 (probability under the plain
     softmax), else a draw from the tempered, top-k then top-p filtered distribution
@@ -237,18 +252,8 @@ def llada2_generate(
                 logits = step_logits(end)
                 x0, p = _pick(logits, temperature, top_k, top_p, draws_for(start))
                 global_step += 1
-                k = schedule[step]
-                conf = torch.where(active, p, torch.tensor(float("-inf")))
-                high = conf > threshold
-                if int(high.sum()) >= k:
-                    chosen = high
-                else:
-                    n = min(k, int(active.sum()))
-                    ordered = conf.sort(descending=True).values
-                    if 0 < n < len(ordered) and ordered[n - 1] == ordered[n] and ordered[n] > float("-inf"):
-                        ties += 1
-                    chosen = torch.zeros(B, dtype=torch.bool)
-                    chosen[conf.topk(n).indices] = True
+                chosen, tied = _masks_to_commit(p, active, threshold, schedule[step])
+                ties += tied
                 if temperature == 0:
                     ties += sum(_argmax_tied(logits[i]) for i in chosen.nonzero().flatten().tolist())
                 x[start:end] = torch.where(chosen, x0, x[start:end])
@@ -266,18 +271,8 @@ def llada2_generate(
                 logits = step_logits(end)
                 x0, p = _pick(logits, temperature, top_k, top_p, draws_for(start))
                 global_step += 1
-                m2t = torch.zeros(B, dtype=torch.bool)
-                if active.any():
-                    conf = torch.where(active, p, torch.tensor(float("-inf")))
-                    high = (conf > threshold) & active
-                    if int(high.sum()) >= num_to_transfer:
-                        m2t = high
-                    else:
-                        n = min(num_to_transfer, int(active.sum()))
-                        ordered = conf.sort(descending=True).values
-                        if 0 < n < len(ordered) and ordered[n - 1] == ordered[n] and ordered[n] > float("-inf"):
-                            ties += 1
-                        m2t[conf.topk(n).indices] = True
+                m2t, tied = _masks_to_commit(p, active, threshold, num_to_transfer)
+                ties += tied
                 editable = ~active & generated
                 t2t = editable & (p > editing_threshold) & (x0 != old)
                 if temperature == 0:

@@ -188,3 +188,55 @@ def test_preempted_mid_block_resumes_with_the_same_tokens(tiny_dirs, monkeypatch
                 assert want.ties or outputs[name] == want.tokens, f"{name}: {outputs[name]} != {want.tokens}"
     finally:
         close_engine(llm)
+
+
+@pytest.fixture(scope="module")
+def eos_prone_dir(tmp_path_factory):
+    """A tiny LLaDA2 whose LM head predicts EOS where it used to predict one common
+    token, so EOS shows up mid-canvas."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from tests.oracle_llada2 import block_causal_mask
+    from vllm_dllm.tools.make_tiny import make_tiny
+
+    model_dir = make_tiny("llada2", tmp_path_factory.mktemp("llada2-eos") / "llada2", seed=7)
+    ids = json.loads((model_dir / "generation_config.json").read_text())
+    tokens = torch.tensor(random_prompt(random.Random(0), 8) + [ids["mask_token_id"]] * 24)
+    logits = load_llada2_oracle(str(model_dir)).forward(tokens, block_causal_mask(32, 8))[8:]
+    logits[:, ids["mask_token_id"]] = float("-inf")
+    common = int(torch.bincount(logits.argmax(dim=-1)).argmax())
+    weights = load_file(model_dir / "model.safetensors")
+    weights["lm_head.weight"][ids["eos_token_id"]] = weights["lm_head.weight"][common] * 1.3
+    save_file(weights, model_dir / "model.safetensors", metadata={"format": "pt"})
+    return str(model_dir)
+
+
+def test_a_request_ends_at_its_first_final_eos_with_or_without_eos_early_stop(eos_prone_dir):
+    from tests.conftest import close_engine, make_engine
+
+    ids = json.loads((Path(eos_prone_dir) / "generation_config.json").read_text())
+    oracle = load_llada2_oracle(eos_prone_dir)
+    rng = random.Random(5)
+    prompts = [random_prompt(rng, n) for n in (4, 9, 15, 22)]
+    settings = [{"block_length": 8, "steps": 8}, {"block_length": 8, "mode": "quality"}]
+    llm = make_engine(eos_prone_dir)
+    try:
+        outputs = {}
+        for stop in (False, True):
+            params = [SamplingParams(max_tokens=32, temperature=0.0, extra_args={**s, "eos_early_stop": stop})
+                      for s in settings for _ in prompts]
+            outs = llm.generate([{"prompt_token_ids": p} for _ in settings for p in prompts], params, use_tqdm=False)
+            outputs[stop] = [(list(o.outputs[0].token_ids), o.outputs[0].finish_reason) for o in outs]
+    finally:
+        close_engine(llm)
+    assert outputs[False] == outputs[True]
+    ended_early = 0
+    for (got, finish), (setting, prompt) in zip(outputs[True], [(s, p) for s in settings for p in prompts]):
+        want = llada2_generate(oracle, prompt, gen_length=32, mask_id=ids["mask_token_id"], eos_id=ids["eos_token_id"],
+                               **Case("", 0, 0, setting).reference_options())
+        assert want.ties or got == want.tokens, f"{setting}: {got} != {want.tokens}"
+        if len(got) < 32:
+            assert got[-1] == ids["eos_token_id"] and ids["eos_token_id"] not in got[:-1] and finish == "stop"
+            ended_early += 1
+    assert ended_early >= 2
