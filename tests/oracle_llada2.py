@@ -158,12 +158,14 @@ def _masks_to_commit(p: torch.Tensor, active: torch.Tensor, threshold: float, qu
     return chosen, tied
 
 
-def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None, draws):
+def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None, draws, mask_id: int):
     """(token, probability) per row: the argmax at T == 0 (probability under the plain
     softmax), else a draw from the tempered, top-k then top-p filtered distribution
-    (inverse CDF with the given float64 uniforms)."""
+    (inverse CDF with the given float64 uniforms).  The plugin's one departure from
+    the references: the mask id is never the token (the references' loop with editing
+    need not end when a model keeps predicting it); its probability still counts."""
     if temperature == 0:
-        tokens = logits.argmax(-1)
+        tokens = logits.masked_fill(torch.arange(logits.shape[1]) == mask_id, float("-inf")).argmax(-1)
         return tokens, torch.softmax(logits, -1).gather(1, tokens[:, None]).squeeze(1)
     scaled = logits.double() / temperature
     if top_k:
@@ -177,7 +179,7 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: fl
         drop[:, 0] = False
         scaled = scaled.scatter(1, order, ordered.masked_fill(drop, float("-inf")))
     probs = torch.softmax(scaled, -1)
-    cdf = probs.cumsum(-1)
+    cdf = probs.masked_fill(torch.arange(probs.shape[1]) == mask_id, 0.0).cumsum(-1)
     tokens = torch.tensor([int((cdf[r] > draws[r] * cdf[r, -1]).nonzero()[0]) for r in range(len(probs))])
     return tokens, probs.gather(1, tokens[:, None]).squeeze(1).float()
 
@@ -229,11 +231,7 @@ def llada2_generate(
     def step_logits(end):
         nonlocal forwards
         forwards += 1
-        logits = model.forward(x[:end], mask[:end, :end])[end - B:end]
-        # The plugin's one departure: the mask id is never a prediction (the
-        # reference's loop with editing need not end when a model predicts it).
-        logits[:, mask_id] = float("-inf")
-        return logits
+        return model.forward(x[:end], mask[:end, :end])[end - B:end]
 
     def draws_for(block_start):
         if temperature == 0:
@@ -250,7 +248,7 @@ def llada2_generate(
                 if not active.any():
                     break
                 logits = step_logits(end)
-                x0, p = _pick(logits, temperature, top_k, top_p, draws_for(start))
+                x0, p = _pick(logits, temperature, top_k, top_p, draws_for(start), mask_id)
                 global_step += 1
                 chosen, tied = _masks_to_commit(p, active, threshold, schedule[step])
                 ties += tied
@@ -269,7 +267,7 @@ def llada2_generate(
                     break
                 generated = torch.arange(start, end) >= P
                 logits = step_logits(end)
-                x0, p = _pick(logits, temperature, top_k, top_p, draws_for(start))
+                x0, p = _pick(logits, temperature, top_k, top_p, draws_for(start), mask_id)
                 global_step += 1
                 m2t, tied = _masks_to_commit(p, active, threshold, num_to_transfer)
                 ties += tied

@@ -39,6 +39,12 @@ def test_modes_switch_editing_on_and_request_keys_win():
     assert (speed.threshold, speed.editing_threshold, speed.max_post_steps) == (0.5, 0.0, 4)
     assert options(server={"mode": "speed"}).editing_threshold == 0.0
     assert options({"editing_threshold": 0.9}).editing_threshold == 0.9
+    # A mode stands for its values at its own level: that level's keys win over it,
+    # the next level over both.
+    server = {"mode": "quality", "threshold": 0.8}
+    assert (options(server=server).threshold, options(server=server).editing_threshold) == (0.8, 0.5)
+    assert options({"mode": "speed"}, server=server).threshold == 0.5
+    assert options({"threshold": 0.6}, server=server).threshold == 0.6
 
 
 def test_the_canvas_is_block_aligned_and_outputs_max_tokens():
@@ -48,6 +54,10 @@ def test_the_canvas_is_block_aligned_and_outputs_max_tokens():
     assert options({"block_length": 8}, max_tokens=16).placed(16).gen_length == 16
     # 2.0's steps are capped by max_tokens / minimal_topk, as the reference does.
     assert options({"steps": 32, "minimal_topk": 2}, max_tokens=20).steps_per_block == 10
+    # The scheduler's bound on a block's steps: 2.0 ends a block within block_length
+    # steps; editing adds the post steps.
+    assert options({"block_length": 8, "steps": 32}).max_steps_per_block == 8
+    assert options({"block_length": 8, "mode": "quality"}).max_steps_per_block == 8 + 16 + 1
 
 
 def test_block_causal_phases():
@@ -64,7 +74,8 @@ def test_block_causal_phases():
     ({"mode": "turbo"}, "unknown mode 'turbo': diffusion option 'mode' must be quality or speed"),
     ({"editing_threshold": 1.5}, "diffusion option 'editing_threshold' must lie in [0, 1], got 1.5"),
     ({"num_to_transfer": 0}, "diffusion option 'num_to_transfer' must be a positive integer, got 0"),
-    ({"max_post_steps": -1}, "diffusion option 'max_post_steps' must be >= 0, got -1"),
+    ({"max_post_steps": -1}, "diffusion option 'max_post_steps' must lie in [0, 256], got -1"),
+    ({"max_post_steps": 10**9}, "diffusion option 'max_post_steps' must lie in [0, 256], got 1000000000"),
     ({"threshold": 0}, "diffusion option 'threshold' must lie in (0, 1], got 0"),
     ({"block_length": 0}, "diffusion option 'block_length' must be a positive integer, got 0"),
     ({"minimal_topk": 50}, "minimal_topk=50 is more than the generation length (max_tokens=40)"),

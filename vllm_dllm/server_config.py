@@ -148,6 +148,13 @@ class DiffusionConfigHook:
                 "vllm-dllm does not support pipeline parallelism: a denoising step needs "
                 "the whole model; use tensor parallelism"
             )
+        if parallel.data_parallel_size > 1 and kind == LLADA2:
+            # vLLM's MoE layers coordinate every forward across data-parallel ranks;
+            # our runner has no dummy step for an idle rank to join with.
+            raise ValueError(
+                "vllm-dllm does not support data parallelism for LLaDA2 yet: use "
+                "--tensor-parallel-size (with --enable-expert-parallel to split the experts)"
+            )
         if parallel.worker_cls == "auto":
             parallel.worker_cls = _worker_cls(vllm_config)
         # Our runner is V1-shaped on every device and vLLM version; the block-size

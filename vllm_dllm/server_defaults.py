@@ -13,6 +13,7 @@ from typing import Any
 from vllm_dllm.options import (
     DREAM,
     DREAM_FILTER_KEYS,
+    FAMILIES,
     PAPER_DEFAULTS,
     SERVER,
     OptionError,
@@ -67,11 +68,12 @@ class ServerDefaults:
                     f"{SERVER}'{key}' is a standard sampling parameter: set its server-wide default "
                     f"with vLLM's --override-generation-config '{{\"{key}\": ...}}'"
                 )
+        expand = FAMILIES[kind].expand
         merged = dict(PAPER_DEFAULTS[kind])
-        merged.update(defaults_from_generation_config(kind, generation_config))
+        merged.update(expand(defaults_from_generation_config(kind, generation_config)))
         server = check_overrides(kind, server, SERVER)
         check_cache_knobs({**merged, **server}, server, SERVER)
-        merged.update(server)
+        merged.update(expand(server))
         return cls(
             kind=kind,
             overrides=merged,

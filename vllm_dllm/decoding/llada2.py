@@ -19,11 +19,12 @@ block whose predicted token differs from its current one with probability above
 post step; the block ends after a step that started without masks and edited nothing,
 or when the next step would be post step number `max_post_steps` + 1.
 
-The mask id is never a prediction (its logit is removed first).  The references
-allow it, and committing it leaves the position masked: under editing a model that
-keeps predicting it would keep its block open forever (their loop has no bound
-then).  A trained model never predicts the mask, so this only bounds a server's
-step count: every step with masks commits at least one real token.
+The mask id is never a prediction: the argmax and the draw leave it out (its
+probability still counts in every confidence).  The references allow it, and
+committing it leaves the position masked: under editing a model that keeps
+predicting it would keep its block open forever (their loop has no bound then).  A
+trained model never predicts the mask, so this only bounds a server's step count:
+every step with masks commits at least one real token.
 
 Sampling as the references: temperature 0 takes the argmax, with the unfiltered
 softmax probability as confidence; at T > 0 the logits are divided by T, filtered by
@@ -124,19 +125,27 @@ class LLaDA2Rule(BatchedRule):
 
     def reduce(self, logits, slots, positions):
         state = self.state
-        logits[:, state.ids.mask] = _LOWEST
+        mask = state.ids.mask
+        # Confidences are the model's probabilities, the mask's share included; only
+        # the choice of token leaves the mask out.
+        greedy = logits.clone()
+        greedy[:, mask] = _LOWEST
+        tokens = greedy.argmax(dim=-1)
+        confidence = torch.softmax(logits.float(), dim=-1).gather(1, tokens[:, None]).squeeze(1)
         if not self.sampled:
-            tokens = logits.argmax(dim=-1)
-            confidence = torch.softmax(logits.float(), dim=-1).gather(1, tokens[:, None]).squeeze(1)
             return tokens, confidence
         temperature = state.temperature[slots]
         hot = temperature > 0
         scaled = logits.double() / torch.where(hot, temperature, 1.0).double()[:, None]
-        scaled = torch.where(hot[:, None], filter_top_k_top_p(scaled, self.top_k[slots], self.top_p[slots]), scaled)
+        scaled = filter_top_k_top_p(scaled, self.top_k[slots], self.top_p[slots])
         probs = torch.softmax(scaled, dim=-1)
+        drawable = probs.clone()
+        drawable[:, mask] = 0
         u = sampling.uniform(state.seed[slots], state.step[slots], positions, sampling.LLADA_SAMPLE, torch.float64)
-        tokens = torch.where(hot, sampling.inverse_cdf(probs, u), logits.argmax(dim=-1))
-        return tokens, probs.gather(1, tokens[:, None]).squeeze(1).float()
+        drawn = sampling.inverse_cdf(drawable, u)
+        tokens = torch.where(hot, drawn, tokens)
+        drawn_conf = probs.gather(1, drawn[:, None]).squeeze(1).float()
+        return tokens, torch.where(hot, drawn_conf, confidence)
 
     def commit(self, slots: torch.Tensor, plan: StepPlan, tokens: torch.Tensor, confidence: torch.Tensor) -> None:
         state = self.state

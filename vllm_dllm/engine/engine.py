@@ -49,6 +49,7 @@ class BatchLayout:
     tokens: np.ndarray  # query tokens per request (both copies under CFG)
     request_seq: np.ndarray  # sequence index of each request
     twin_seq: np.ndarray  # sequence index of each request's twin (its own without CFG)
+    has_twins: bool  # some request runs a CFG twin
 
 
 @dataclass
@@ -169,12 +170,12 @@ class StepEngine:
             raise ValueError(f"request {req_id} is already in the batch")
         if not self._free:
             self._grow()
+        options = options.placed(len(prompt))
         if len(prompt) + options.gen_length > self.max_model_len:
             raise ValueError(
                 f"request {req_id}: prompt {len(prompt)} + canvas {options.gen_length} tokens exceed "
                 f"the model length {self.max_model_len}"
             )
-        options = options.placed(len(prompt))
         slot = self._free.pop()
         self.slots[req_id] = slot
         self.emitted[req_id] = 0
@@ -310,7 +311,7 @@ class StepEngine:
         tokens = (phases.num_queries + rebuilds * seq_len) * copies
         layout, last_piece = layout.split_blocks(phases.segment[r] * ~twin)
         request_seq, twin_seq = last_piece[request_seq], last_piece[twin_seq]
-        return BatchLayout(layout, fill, phases.refresh, rebuilds, tokens, request_seq, twin_seq)
+        return BatchLayout(layout, fill, phases.refresh, rebuilds, tokens, request_seq, twin_seq, len(twins) > 0)
 
     @torch.inference_mode()
     def step(self, req_ids: list[str], planned_tokens: list[int] | None = None) -> StepOutput:
@@ -400,7 +401,7 @@ class StepEngine:
         seqs = to_device(np.stack([batch.request_seq, batch.twin_seq]), self.device)[:, rows]
         offset = source - inputs.query_start[seqs[0]]
         uncond_rows = cfg_scale = None
-        if len(batch.sequences.slot) > len(slots):
+        if batch.has_twins:
             uncond_rows = inputs.query_start_loc[seqs[1]] + offset
             cfg_scale = self.decode.cfg_scale[cand_slots]
         return chunked_reduce(

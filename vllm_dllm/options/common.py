@@ -381,3 +381,6 @@ class Family:
     resolve: Callable[[ResolveInput], Any]
     range_problem: RangeProblem = _no_range_problem
     sampling_field_problem: Callable[[str, Any], str | None] = _no_sampling_field_problem
+    # One level's options with shorthands spelled out (LLaDA2's modes), applied to each
+    # level before it is merged over the one below.
+    expand: Callable[[dict[str, Any]], dict[str, Any]] = dict

@@ -3,8 +3,9 @@
 LLaDA2.0 and 2.1 share the model type and architecture; token editing (2.1) is on
 when `editing_threshold` is set, at any level, or a 2.1 mode is chosen: `quality`
 (threshold 0.7, editing_threshold 0.5) or `speed` (threshold 0.5, editing_threshold
-0.0), both with max_post_steps 16.  A mode supplies those three values; a key the
-request sets itself wins over the mode.  Defaults otherwise: generation_config.json,
+0.0), both with max_post_steps 16.  A mode stands for those three values at the level
+that sets it (generation_config.json, the server, a request): keys set at the same
+level win over it, and the next level wins over both.  Defaults otherwise: generation_config.json,
 then the official function's (block_length 32, steps 32, threshold 0.95, ...).
 
 The canvas is block-aligned (decoding/llada2.py): `placed(prompt_len)` fixes where
@@ -36,6 +37,9 @@ LLADA2_MODES: dict[str, dict[str, Any]] = {
     "quality": {"threshold": 0.7, "editing_threshold": 0.5, "max_post_steps": 16},
     "speed": {"threshold": 0.5, "editing_threshold": 0.0, "max_post_steps": 16},
 }
+
+# Post steps bound a block's steps (scheduler pricing walks every future step).
+MAX_POST_STEPS = 256
 
 LLADA2_KEYS: dict[str, tuple[type, ...]] = {
     "block_length": (int,),
@@ -103,7 +107,8 @@ class LLaDA2Options(CanvasPlacement, KVCacheOptions):
     @property
     def max_steps_per_block(self) -> int:
         if self.editing_threshold is None:
-            return self.steps_per_block
+            # The quota commits at least one mask a step for the first block_length steps.
+            return min(self.steps_per_block, self.block_length)
         # A step commits at least one mask while any remain, then post steps follow.
         return -(-self.block_length // self.num_to_transfer) + self.max_post_steps + 1
 
@@ -135,18 +140,22 @@ def _range_problem(key: str, value: Any, prefix: str = "") -> str | None:
         return f"{option} must lie in [0, 1], got {value}"
     if key in ("minimal_topk", "num_to_transfer") and value < 1:
         return f"{option} must be a positive integer, got {value}"
-    if key == "max_post_steps" and value < 0:
-        return f"{option} must be >= 0, got {value}"
+    if key == "max_post_steps" and not 0 <= value <= MAX_POST_STEPS:
+        return f"{option} must lie in [0, {MAX_POST_STEPS}], got {value}"
     if key == "mode" and value not in LLADA2_MODES:
         return f"{prefix}unknown mode '{value}': diffusion option 'mode' must be {_one_of(tuple(LLADA2_MODES))}"
     return None
 
 
+def expand_mode(level: dict[str, Any]) -> dict[str, Any]:
+    """One level's options (generation_config.json, the server's, a request's) with its
+    mode spelled out: the mode's values, then the keys the level sets itself."""
+    mode = level.get("mode")
+    return {**LLADA2_MODES[mode], **level} if mode in LLADA2_MODES else dict(level)
+
+
 def resolve_llada2(r: ResolveInput) -> LLaDA2Options:
-    merged = dict(r.merged)
-    mode = merged.get("mode")
-    if mode is not None:
-        merged.update({key: value for key, value in LLADA2_MODES[mode].items() if key not in r.given})
+    merged = r.merged
     block_length = merged["block_length"]
     if r.gen_length < merged["minimal_topk"]:
         raise OptionError(
@@ -178,4 +187,5 @@ FAMILY = Family(
     paper_defaults=LLADA2_DEFAULTS,
     resolve=resolve_llada2,
     range_problem=_range_problem,
+    expand=expand_mode,
 )

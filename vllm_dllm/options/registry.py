@@ -124,7 +124,7 @@ def resolve(
     if not 0 < top_p <= 1:
         raise OptionError(f"'top_p' must lie in (0, 1], got {top_p}")
     request = check_overrides(kind, extra_args or {})
-    merged = {**defaults.overrides, **request}
+    merged = {**defaults.overrides, **FAMILIES[kind].expand(request)}
     steps = _positive_int("steps", merged.get("steps", gen_length))
     return FAMILIES[kind].resolve(
         ResolveInput(
