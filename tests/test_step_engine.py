@@ -268,3 +268,25 @@ def test_engine_grows_past_its_capacity_and_frees_slots():
     assert "r0" not in engine
     engine.add("again", [4] * 20, llada(gen=16, steps=16, block=8), seed=1, block_ids=list(range(400, 406)))
     assert engine.step(["again"]).logits_rows == 8
+
+
+def test_block_causal_request_fits_by_its_placed_canvas():
+    # max_tokens 27 in blocks of 8 after a 13-token prompt: the canvas is 27 positions
+    # (the prompt's 5-token tail shares the first block), 40 with the prompt; padded
+    # without the prompt's tail it would be 32 + 13 = 45.
+    make_engine(kind="llada2", max_len=40).add("r", [5] * 13, llada2(), seed=0, block_ids=[1, 2])
+    with pytest.raises(ValueError, match="exceed the model length 39"):
+        make_engine(kind="llada2", max_len=39).add("r", [5] * 13, llada2(), seed=0, block_ids=[1, 2])
+
+
+def test_multi_segment_steps_project_each_candidate_once():
+    # A block-causal first step runs several segments of one request; none is a CFG
+    # twin, so each masked position of the active block is one LM-head row.
+    engine = make_engine(kind="llada2")
+    ids = add_requests(engine, 2, llada2(), prompt_len=13)
+    assert len(engine.layout(np.array([engine.slots[i] for i in ids])).sequences.slot) == 2 * len(ids)
+    projected, project = [], engine.model.compute_logits
+    engine.model.compute_logits = lambda hidden: (projected.append(len(hidden)), project(hidden))[1]
+    out = engine.step(ids)
+    # The first canvas block holds 3 masks after a 13-token prompt.
+    assert out.logits_rows == sum(projected) == 2 * 3
