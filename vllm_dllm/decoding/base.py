@@ -86,10 +86,6 @@ class DecodeState:
     def masked(self, slots: torch.Tensor, width: int) -> torch.Tensor:
         return self.canvas[slots, :width] == self.ids.mask
 
-    def edits(self, slots: torch.Tensor) -> torch.Tensor:
-        """Committed tokens each request's last step rewrote (token editing)."""
-        return torch.zeros_like(slots)
-
     def num_final(self, slots: torch.Tensor, width: int) -> torch.Tensor:
         """Length of each request's committed prefix: the tokens that can be streamed.
 
