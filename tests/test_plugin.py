@@ -28,10 +28,29 @@ def test_register_is_idempotent_and_adds_only_our_architectures():
     vllm_dllm.register()
     vllm_dllm.register()
     added = set(MODELS_CONFIG_MAP) - set(before)
-    assert added <= {"LLaDAModelLM", "DreamModel"}
-    assert {"LLaDAModelLM", "DreamModel"} <= set(ModelRegistry.get_supported_archs())
+    ours = {"LLaDAModelLM", "DreamModel", "LLaDA2MoeModelLM"}
+    assert added <= ours
+    assert ours <= set(ModelRegistry.get_supported_archs())
     for arch, hook in before.items():
         assert MODELS_CONFIG_MAP[arch] is hook
+
+
+def test_llada22_checkpoint_is_refused_at_start_up(tmp_path):
+    # LLaDA2.2 keeps LLaDA2's architecture and model type; its config names the
+    # Levenshtein edit tokens, which the LLaDA2.x rules do not have.
+    import shutil
+
+    from vllm_dllm.tools.make_tiny import make_tiny
+
+    vllm_dllm.register()
+    model_dir = make_tiny("llada2", tmp_path / "llada2", seed=1)
+    config = json.loads((model_dir / "config.json").read_text())
+    engine_config(model_dir, dtype="float32")  # the LLaDA2.0/2.1 format starts
+    config.update(delete_token_id=310, split_token_id=311)
+    (model_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(Exception, match="looks like a LLaDA2.2 checkpoint .*delete_token_id, split_token_id"):
+        engine_config(model_dir, dtype="float32")
+    shutil.rmtree(model_dir)
 
 
 @pytest.mark.parametrize("found", ["0.31.2", "0.34.0", "1.0.0"])
