@@ -240,3 +240,27 @@ def test_a_request_ends_at_its_first_final_eos_with_or_without_eos_early_stop(eo
             assert got[-1] == ids["eos_token_id"] and ids["eos_token_id"] not in got[:-1] and finish == "stop"
             ended_early += 1
     assert ended_early >= 2
+
+
+def test_lookahead_admission_over_a_small_pool_keeps_every_output_exact(tiny_dirs):
+    # Lookahead admission prices each request's future block steps (editing's bound
+    # included); a pool of three usable blocks makes requests wait for each other.
+    from tests.conftest import close_engine, make_engine
+
+    model_dir = tiny_dirs("llada2")
+    ids = json.loads((Path(model_dir) / "generation_config.json").read_text())
+    llm = make_engine(model_dir, max_model_len=128, kv_cache_memory_bytes=4 * 131072,
+                      additional_config={"dllm": {"admission": "lookahead"}})
+    rng = random.Random(3)
+    cases = [Case("2.1", rng.randint(3, 20), 24, {"block_length": 8, "mode": "quality"}) if i % 2 else
+             Case("2.0", rng.randint(3, 20), 24, {"block_length": 8, "steps": 8}) for i in range(6)]
+    prompts = [random_prompt(rng, case.prompt_len) for case in cases]
+    try:
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], [c.params() for c in cases], use_tqdm=False)
+    finally:
+        close_engine(llm)
+    oracle = load_llada2_oracle(model_dir)
+    for case, prompt, out in zip(cases, prompts, outs):
+        want = llada2_generate(oracle, prompt, gen_length=case.max_tokens, mask_id=ids["mask_token_id"],
+                               eos_id=ids["eos_token_id"], **case.reference_options())
+        assert want.ties or list(out.outputs[0].token_ids) == want.tokens, case.name
