@@ -1,4 +1,4 @@
-"""Unit tests for vllm_dllm/options.py and server_defaults.py: precedence, validation, serialisation.
+"""Unit tests for vllm_dllm/options/ and server_defaults.py: precedence, validation, serialisation.
 
 Pure: no engine, no model.
 """
