@@ -22,9 +22,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 from vllm.config import VllmConfig
-from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.layernorm import RMSNorm
-from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
+from vllm.model_executor.layers.linear import RowParallelLinear
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.rotary_embedding import get_rope
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
@@ -32,7 +31,7 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
 from vllm_dllm.attention.paged import DiffusionAttention
 from vllm_dllm.models.moe import SparseMoE
-from vllm_dllm.models.transformer import GatedMLP, TransformerShape
+from vllm_dllm.models.transformer import GatedMLP, TransformerShape, fused_qkv, rank_heads
 
 
 def llada2_shape(config) -> TransformerShape:
@@ -70,23 +69,11 @@ def llada2_shape(config) -> TransformerShape:
 class Llada2Attention(nn.Module):
     def __init__(self, shape: TransformerShape, config, quant_config, prefix: str):
         super().__init__()
-        tp = get_tensor_model_parallel_world_size()
-        if shape.num_heads % tp:
-            raise ValueError(f"{shape.num_heads} attention heads do not split over TP={tp}")
-        self.num_heads = shape.num_heads // tp
-        self.num_kv_heads = max(1, shape.num_kv_heads // tp)
+        self.num_heads, self.num_kv_heads = rank_heads(shape)
         self.head_dim = shape.head_dim
         self.q_size = self.num_heads * shape.head_dim
         self.kv_size = self.num_kv_heads * shape.head_dim
-        self.query_key_value = QKVParallelLinear(
-            hidden_size=shape.hidden_size,
-            head_size=shape.head_dim,
-            total_num_heads=shape.num_heads,
-            total_num_kv_heads=shape.num_kv_heads,
-            bias=shape.qkv_bias,
-            quant_config=quant_config,
-            prefix=f"{prefix}.query_key_value",
-        )
+        self.query_key_value = fused_qkv(shape, quant_config, prefix=f"{prefix}.query_key_value")
         self.query_layernorm = RMSNorm(shape.head_dim, eps=shape.rms_norm_eps)
         self.key_layernorm = RMSNorm(shape.head_dim, eps=shape.rms_norm_eps)
         self.dense = RowParallelLinear(

@@ -44,25 +44,34 @@ class TransformerShape:
     qkv_bias: bool
 
 
+def rank_heads(shape: TransformerShape) -> tuple[int, int]:
+    """(query heads, KV heads) of this tensor-parallel rank (KV heads replicated when
+    there are fewer than ranks)."""
+    tp = get_tensor_model_parallel_world_size()
+    if shape.num_heads % tp:
+        raise ValueError(f"{shape.num_heads} attention heads do not split over TP={tp}")
+    return shape.num_heads // tp, max(1, shape.num_kv_heads // tp)
+
+
+def fused_qkv(shape: TransformerShape, quant_config, prefix: str) -> QKVParallelLinear:
+    return QKVParallelLinear(
+        hidden_size=shape.hidden_size,
+        head_size=shape.head_dim,
+        total_num_heads=shape.num_heads,
+        total_num_kv_heads=shape.num_kv_heads,
+        bias=shape.qkv_bias,
+        quant_config=quant_config,
+        prefix=prefix,
+    )
+
+
 class SelfAttention(nn.Module):
     def __init__(self, shape: TransformerShape, quant_config, prefix: str):
         super().__init__()
-        tp = get_tensor_model_parallel_world_size()
-        if shape.num_heads % tp:
-            raise ValueError(f"{shape.num_heads} attention heads do not split over TP={tp}")
-        self.num_heads = shape.num_heads // tp
-        self.num_kv_heads = max(1, shape.num_kv_heads // tp)
+        self.num_heads, self.num_kv_heads = rank_heads(shape)
         self.q_size = self.num_heads * shape.head_dim
         self.kv_size = self.num_kv_heads * shape.head_dim
-        self.qkv_proj = QKVParallelLinear(
-            hidden_size=shape.hidden_size,
-            head_size=shape.head_dim,
-            total_num_heads=shape.num_heads,
-            total_num_kv_heads=shape.num_kv_heads,
-            bias=shape.qkv_bias,
-            quant_config=quant_config,
-            prefix=f"{prefix}.qkv_proj",
-        )
+        self.qkv_proj = fused_qkv(shape, quant_config, prefix=f"{prefix}.qkv_proj")
         self.o_proj = RowParallelLinear(
             input_size=shape.num_heads * shape.head_dim,
             output_size=shape.hidden_size,

@@ -21,6 +21,14 @@ from __future__ import annotations
 import pathlib
 
 from vllm_dllm.tools.hf_files import added_token_entry, save_byte_level_bpe, write_json
+from vllm_dllm.tools.tiny_parts import (
+    SMALL_VOCAB_SIZE,
+    base_vocab,
+    copy_config_module,
+    linear,
+    norm_weight,
+    normal,
+)
 
 # (id, content): ids differ from the release's.
 SMALL_LLADA2_SPECIALS = [
@@ -33,7 +41,6 @@ SMALL_LLADA2_SPECIALS = [
     (302, "<|number_start|>"),
     (303, "<|number_end|>"),
 ]
-SMALL_VOCAB_SIZE = 320
 
 # Ling's chat frame: <role>SYSTEM|HUMAN|ASSISTANT</role>, each turn closed by <|role_end|>.
 LLADA2_CHAT_TEMPLATE = (
@@ -140,7 +147,7 @@ def generation_config(ids) -> dict:
             "transformers_version": "4.52.3"}
 
 
-def weights(gen, *, vocab_size, hidden, layers, heads, kv_heads, intermediate, moe, normal, linear, norm_weight):
+def weights(gen, *, vocab_size, hidden, layers, heads, kv_heads, intermediate, moe):
     head_dim = hidden // heads
     w = {"model.word_embeddings.weight": normal(gen, (vocab_size, hidden), 0.02)}
     for i in range(layers):
@@ -171,3 +178,14 @@ def weights(gen, *, vocab_size, hidden, layers, heads, kv_heads, intermediate, m
     w["model.norm.weight"] = norm_weight(gen, hidden)
     w["lm_head.weight"] = normal(gen, (vocab_size, hidden), 3.0 / hidden**0.5)
     return w
+
+
+def write(out: pathlib.Path, gen, *, vocab: str, dtype: str, max_len: int, sizes: dict):
+    """The folder's files but the weights; returns (config, generation config, weights)."""
+    if vocab != "small":
+        raise ValueError("llada2 tiny checkpoints have the small vocabulary only")
+    vocab_table, merges = base_vocab(SMALL_LLADA2_SPECIALS[0][0])
+    ids = write_tokenizer(out, vocab_table, merges, max_len)
+    copy_config_module(out, "llada2.py", "configuration_llada2_moe.py")
+    return (config(ids=ids, dtype=dtype, max_len=max_len, moe=DEFAULT_MOE, **sizes), generation_config(ids),
+            weights(gen, vocab_size=ids["vocab_size"], moe=DEFAULT_MOE, **sizes))

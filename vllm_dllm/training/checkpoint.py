@@ -23,7 +23,7 @@ from vllm_dllm.tools.hf_files import (
     write_json,
     write_llada_tokenizer_config,
 )
-from vllm_dllm.tools.make_tiny import _llada_config
+from vllm_dllm.tools.tiny_llada import llada_config
 
 SPECIALS = [
     "<|startoftext|>",
@@ -80,7 +80,7 @@ def write_checkpoint(
     out.mkdir(parents=True, exist_ok=True)
     build_tokenizer(out, max_len)
     dtype_name = {torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]
-    config = _llada_config(
+    config = llada_config(
         ids=ids,
         hidden=shape["hidden"],
         layers=shape["layers"],
