@@ -143,7 +143,7 @@ class DiffusionStatLogger(StatLoggerBase):
             value = getattr(step, key)
             if value:
                 counter.inc(value)
-        if step.denoising_steps:
+        if step.query_tokens:  # a step ran (prefill chunks count, denoising nothing)
             for key, gauge in self.gauges.items():
                 gauge.set(getattr(step, key))
             self.query_tokens.observe(step.query_tokens)

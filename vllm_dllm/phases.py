@@ -26,9 +26,18 @@ to earlier blocks only, so the K/V of finished blocks are exact.  A step's queri
 are whole blocks, each a segment attending up to its own end: normally the active
 block; at a block's first step also the block just finished (its final K/V go into
 the pool in the same forward, never in a forward of their own); at a request's first
-step, or after preemption freed its K/V, every block from the start (the prompt's
-whole blocks, any finished ones, then the active one).  The queries are a contiguous
-run of blocks, so a phase is still one query range; the engine cuts it into blocks.
+step, or after preemption freed its K/V, every block from the first one whose K/V
+are not in the pool (the prompt's whole blocks, any finished ones, then the active
+one).  The queries are a contiguous run of blocks, so a phase is still one query
+range; the engine cuts it into blocks.
+
+Such a prefill may start past 0 (`prefilled`: the prompt's whole blocks a prefix
+cache hit holds, scheduler/prefix_cache.py) and is chunked under a token budget
+(`chunk`, the server's prefill chunk): while the blocks left to run with the active
+one exceed it, a step runs the next whole blocks that fit and decodes nothing
+(`decodes` False); the step whose run fits also denoises the active block.  K/V of a
+block depend only on it and earlier blocks, so a chunked or cached prefix is the one
+a single forward would write.
 
 A request's progress is (block, step within the block): under the fixed schedule
 every block takes `steps_per_block` steps; under a parallel decoding rule a block
@@ -48,6 +57,7 @@ class StepPhase:
     refresh: bool
     query_start: int  # first query position, in sequence coordinates
     query_end: int  # one past the last
+    decodes: bool = True  # False: a prefill chunk, which only writes K/V
 
     @property
     def num_queries(self) -> int:
@@ -76,22 +86,44 @@ def keeps_cache_over_preemption(options: DecodeOptions) -> bool:
     return not is_block_causal(options)
 
 
-def block_causal_phase(block_length: int, prompt_len: int, block: int, block_step: int, has_cache: bool) -> StepPhase:
-    """Queries of step `block_step` of canvas block `block` of a block-causal request."""
+def prefill_chunk_blocks(block_length: int, chunk: int) -> int:
+    """Whole blocks a prefill chunk runs (at least one); 0: no chunking."""
+    return max(chunk // block_length, 1) if chunk > 0 else 0
+
+
+def block_causal_phase(
+    block_length: int, prompt_len: int, block: int, block_step: int, has_cache: bool,
+    prefilled: int = 0, chunk: int = 0,
+) -> StepPhase:
+    """Queries of step `block_step` of canvas block `block` of a block-causal request
+    whose pool holds the K/V of its first `prefilled` positions (without a cache)."""
     active = prompt_len - prompt_len % block_length + block * block_length
-    if not has_cache:
-        start = 0
-    elif block_step == 0 and block > 0:
-        start = active - block_length
-    else:
-        start = active
-    return StepPhase(not has_cache, start, active + block_length)
+    end = active + block_length
+    if has_cache:
+        start = active - block_length if block_step == 0 and block > 0 else active
+        return StepPhase(False, start, end)
+    run = prefill_chunk_blocks(block_length, chunk) * block_length
+    if run and end - prefilled > run:
+        return StepPhase(True, prefilled, prefilled + run, decodes=False)
+    return StepPhase(True, prefilled, end)
 
 
-def block_phase(options: DecodeOptions, block: int, block_step: int, prompt_len: int, has_cache: bool) -> StepPhase:
-    """The phase of step `block_step` of block `block`."""
+def max_block_causal_queries(block_length: int, seq_len: int, chunk: int) -> int:
+    """The most queries any step of a block-causal request of `seq_len` positions can
+    run: a whole-prefix step (after preemption, the prompt and every finished block),
+    or a prefill chunk and the two blocks of a boundary step."""
+    run = prefill_chunk_blocks(block_length, chunk) * block_length
+    return min(seq_len, max(run, 2 * block_length)) if run else seq_len
+
+
+def block_phase(
+    options: DecodeOptions, block: int, block_step: int, prompt_len: int, has_cache: bool,
+    prefilled: int = 0, chunk: int = 0,
+) -> StepPhase:
+    """The phase of step `block_step` of block `block` (`prefilled`, `chunk`: see
+    block_causal_phase; other families always run their whole prefix)."""
     if is_block_causal(options):
-        return block_causal_phase(options.block_length, prompt_len, block, block_step, has_cache)
+        return block_causal_phase(options.block_length, prompt_len, block, block_step, has_cache, prefilled, chunk)
     seq_len = prompt_len + options.gen_length
     full = StepPhase(True, 0, seq_len)
     if options.cache == "none" or not has_cache:

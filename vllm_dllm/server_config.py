@@ -20,6 +20,7 @@ from vllm_dllm.compat import (
     reserve_no_cpu_on_small_machine,
     set_default_block_size,
 )
+from vllm_dllm.configs.llada_moe import LLADA_MOE_ARCHITECTURES
 from vllm_dllm.options import (
     ARCHITECTURE_KINDS,
     DREAM_FILTER_KEYS,
@@ -43,6 +44,10 @@ DEFAULT_GEN_LENGTH = 128  # the LLaDA reference's default gen_length (see fronte
 
 VALIDATOR_CLS = "vllm_dllm.validation:DiffusionParamsValidator"
 
+# Families whose attention is block-causal (phases.py): the K/V of a prompt's whole
+# blocks depend on those blocks alone, so vLLM may chunk their prefill and cache them.
+BLOCK_CAUSAL_KINDS = (LLADA2,)
+
 # Defaults of the process that built the config; read by the request validator,
 # which vLLM runs in that same process.
 _process_defaults: ServerDefaults | None = None
@@ -56,8 +61,14 @@ def server_defaults(vllm_config) -> ServerDefaults:
     return ServerDefaults.from_dict(vllm_config.additional_config[RESOLVED_KEY])
 
 
+# Architectures decoded as another's family: LLaDA-MoE is LLaDA with another body
+# (same options, same rules), and the LLaDA family names LLaDA-8B's architecture.
+DECODED_AS = dict.fromkeys(LLADA_MOE_ARCHITECTURES, "LLaDAModelLM")
+
+
 def served_kind(model_config) -> str | None:
     for arch in getattr(model_config.hf_config, "architectures", None) or []:
+        arch = DECODED_AS.get(arch, arch)
         if arch in ARCHITECTURE_KINDS:
             return ARCHITECTURE_KINDS[arch]
     return None
@@ -148,12 +159,13 @@ class DiffusionConfigHook:
                 "vllm-dllm does not support pipeline parallelism: a denoising step needs "
                 "the whole model; use tensor parallelism"
             )
-        if parallel.data_parallel_size > 1 and kind == LLADA2:
+        moe = kind == LLADA2 or any(a in DECODED_AS for a in model_config.hf_config.architectures or [])
+        if parallel.data_parallel_size > 1 and moe:
             # vLLM's MoE layers coordinate every forward across data-parallel ranks;
             # our runner has no dummy step for an idle rank to join with.
             raise ValueError(
-                "vllm-dllm does not support data parallelism for LLaDA2 yet: use "
-                "--tensor-parallel-size (with --enable-expert-parallel to split the experts)"
+                "vllm-dllm does not support data parallelism for MoE models (LLaDA2, LLaDA-MoE) yet: "
+                "use --tensor-parallel-size (with --enable-expert-parallel to split the experts)"
             )
         if parallel.worker_cls == "auto":
             parallel.worker_cls = _worker_cls(vllm_config)
@@ -175,10 +187,13 @@ class DiffusionConfigHook:
         if scheduler.scheduler_cls in (None, "vllm.v1.core.sched.scheduler.Scheduler"):
             scheduler.scheduler_cls = SCHEDULER_CLS
         scheduler.async_scheduling = False
-        # A step recomputes or rewrites whole sequences; bidirectional KV is not
-        # prefix-stable, so cached prefixes would be wrong.
-        vllm_config.cache_config.enable_prefix_caching = False
-        if scheduler.max_num_batched_tokens < model_config.max_model_len:
+        if kind not in BLOCK_CAUSAL_KINDS:
+            # A step recomputes or rewrites whole sequences; bidirectional KV is not
+            # prefix-stable, so cached prefixes would be wrong.  Block-causal K/V of
+            # whole prompt blocks are (scheduler/prefix_cache.py): vLLM's setting stands.
+            vllm_config.cache_config.enable_prefix_caching = False
+        chunked = kind in BLOCK_CAUSAL_KINDS and scheduler.enable_chunked_prefill
+        if scheduler.max_num_batched_tokens < model_config.max_model_len and not chunked:
             logger.info(
                 "Raising max_num_batched_tokens from %d to max_model_len %d: one "
                 "denoising step runs a whole sequence.",
@@ -189,6 +204,17 @@ class DiffusionConfigHook:
         processors = list(model_config.logits_processors or [])
         if VALIDATOR_CLS not in processors:
             model_config.logits_processors = [VALIDATOR_CLS, *processors]
+
+
+def prefill_chunk(vllm_config) -> int:
+    """Most tokens one prefill step of a block-causal request runs (0: its prefix in
+    one step): vLLM's chunked-prefill settings, a long prompt's chunk capped by
+    --long-prefill-token-threshold, else by the step's token budget."""
+    scheduler = vllm_config.scheduler_config
+    if served_kind(vllm_config.model_config) not in BLOCK_CAUSAL_KINDS or not scheduler.enable_chunked_prefill:
+        return 0
+    budget, threshold = scheduler.max_num_batched_tokens, scheduler.long_prefill_token_threshold
+    return threshold if 0 < threshold < budget else budget
 
 
 def _check_kv_cache_dtype(cache_config, model_config) -> None:

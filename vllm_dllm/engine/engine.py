@@ -46,6 +46,8 @@ class BatchLayout:
     fill: FillLayout | None  # the cache-filling sequences, if any
     refresh: np.ndarray  # bool per request: this step is a Refresh
     rebuild: np.ndarray  # bool per request: its evicted cache is rebuilt before its Reuse
+    decodes: np.ndarray  # bool per request: False for a block-causal prefill chunk (K/V only)
+    query_end: np.ndarray  # per request: one past its last query position
     tokens: np.ndarray  # query tokens per request (both copies under CFG)
     request_seq: np.ndarray  # sequence index of each request
     twin_seq: np.ndarray  # sequence index of each request's twin (its own without CFG)
@@ -99,19 +101,23 @@ class StepEngine:
         max_graph_seqs: int = 64,
         graph_capture=None,
         model_context: ModelContext | None = None,
+        prefill_chunk: int = 0,
     ):
         """`cuda_graphs`: replay captured forwards for Reuse steps (engine/graphs.py)
         where the device and backend allow it; `graph_capture` replaces the plain
         CUDA capture: a capture inside vLLM's graph_capture under tensor parallelism,
         or a stand-in that tests use on a CPU.  `model_context(num_tokens)` is entered
         around every forward: vLLM's forward context when serving (its fused MoE
-        layers look themselves up there), nothing otherwise."""
+        layers look themselves up there), nothing otherwise.  `prefill_chunk`: the
+        most tokens a block-causal prefill step runs (phases.block_causal_phase), 0:
+        the whole prefix in one step."""
         self.model = model
         self.model_context = model_context or _no_context
         self.ids = ids
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.max_num_logits = max_num_logits
+        self.prefill_chunk = prefill_chunk
         self.backend = backend
         self.device = device
         self.logits_shift = bool(getattr(model, "logits_shift", False))
@@ -134,6 +140,8 @@ class StepEngine:
             delay_step=np.zeros(capacity, dtype=np.int64),
             refresh_interval=np.zeros(capacity, dtype=np.int64),
             segment=np.zeros(capacity, dtype=np.int64),
+            prefilled=np.zeros(capacity, dtype=np.int64),
+            chunk=np.zeros(capacity, dtype=np.int64),
         )
         self.copies = np.ones(capacity, dtype=np.int64)
         self.evicted = np.zeros(capacity, dtype=bool)  # its cache was freed by preemption
@@ -165,7 +173,12 @@ class StepEngine:
     def capacity(self) -> int:
         return self.decode.capacity
 
-    def add(self, req_id: str, prompt: list[int], options: DecodeOptions, seed: int, block_ids: list[int]) -> None:
+    def add(
+        self, req_id: str, prompt: list[int], options: DecodeOptions, seed: int, block_ids: list[int],
+        prefilled: int = 0,
+    ) -> None:
+        """A new request; `prefilled`: leading positions whose K/V its blocks already
+        hold (a block-causal request's prefix cache hit)."""
         if req_id in self.slots:
             raise ValueError(f"request {req_id} is already in the batch")
         if not self._free:
@@ -176,6 +189,7 @@ class StepEngine:
                 f"request {req_id}: prompt {len(prompt)} + canvas {options.gen_length} tokens exceed "
                 f"the model length {self.max_model_len}"
             )
+        self._check_prefilled(req_id, prefilled, options, len(prompt))
         slot = self._free.pop()
         self.slots[req_id] = slot
         self.emitted[req_id] = 0
@@ -196,7 +210,10 @@ class StepEngine:
         h.delay_step[slot] = options.delay_step
         h.refresh_interval[slot] = options.refresh_interval
         h.lead[slot] = query_lead(options)
-        h.segment[slot] = options.block_length if is_block_causal(options) else 0
+        causal = is_block_causal(options)
+        h.segment[slot] = options.block_length if causal else 0
+        h.chunk[slot] = self.prefill_chunk if causal else 0
+        h.prefilled[slot] = prefilled
         sp = self.sparse
         sp.sequence_slots[slot] = sequence_slots(options, len(prompt))
         sp.keep[slot] = kept_positions(options, len(prompt))
@@ -220,6 +237,25 @@ class StepEngine:
                 setattr(holder, name, grown)
         self._free.extend(range(2 * old - 1, old - 1, -1))
 
+    @staticmethod
+    def _check_prefilled(req_id: str, prefilled: int, options: DecodeOptions, prompt_len: int) -> None:
+        whole = prompt_len - prompt_len % options.block_length if is_block_causal(options) else 0
+        if prefilled and (prefilled > whole or prefilled % options.block_length):
+            raise ValueError(
+                f"request {req_id}: {prefilled} cached positions are not whole blocks of its prompt's {whole}"
+            )
+
+    def resume(self, req_id: str, block_ids: list[int], prefilled: int = 0) -> None:
+        """A preempted request back with new KV blocks, `prefilled` of them from the
+        prefix cache (block-causal; otherwise 0)."""
+        slot = self.slots[req_id]
+        if prefilled and self.host.segment[slot] == 0:
+            raise ValueError(f"request {req_id}: only a block-causal request resumes from cached K/V")
+        if prefilled and prefilled % self.host.segment[slot]:
+            raise ValueError(f"request {req_id}: {prefilled} cached positions are not whole blocks")
+        self.set_blocks(req_id, block_ids)
+        self.host.prefilled[slot] = prefilled
+
     def set_blocks(self, req_id: str, block_ids: list[int]) -> None:
         """The request's KV blocks, in order (a resumed request gets new ones)."""
         slot = self.slots[req_id]
@@ -240,6 +276,7 @@ class StepEngine:
         # A block-causal request recomputes its prefix from its tokens instead.
         self.evicted[slot] |= self.host.has_cache[slot] & (self.host.segment[slot] == 0)
         self.host.has_cache[slot] = False
+        self.host.prefilled[slot] = 0
 
     def remove(self, req_id: str) -> None:
         slot = self.slots.pop(req_id, None)
@@ -311,7 +348,8 @@ class StepEngine:
         tokens = (phases.num_queries + rebuilds * seq_len) * copies
         layout, last_piece = layout.split_blocks(phases.segment[r] * ~twin)
         request_seq, twin_seq = last_piece[request_seq], last_piece[twin_seq]
-        return BatchLayout(layout, fill, phases.refresh, rebuilds, tokens, request_seq, twin_seq, len(twins) > 0)
+        return BatchLayout(layout, fill, phases.refresh, rebuilds, phases.decodes, phases.query_end, tokens,
+                           request_seq, twin_seq, len(twins) > 0)
 
     @torch.inference_mode()
     def step(self, req_ids: list[str], planned_tokens: list[int] | None = None) -> StepOutput:
@@ -346,32 +384,49 @@ class StepEngine:
         self._keep_snapshots(slots_host, batch)
         hidden = self._forward(batch, inputs)
 
+        h = self.host
+        chunked = ~batch.decodes
+        h.prefilled[slots_host] = np.where(chunked, batch.query_end, h.prefilled[slots_host])
+        h.has_cache[slots_host] |= (batch.refresh & batch.decodes) | batch.rebuild
+        self.evicted[slots_host] = False
+        # A prefill chunk only wrote K/V: its request is not denoised this step.
+        decoding = np.flatnonzero(batch.decodes) if chunked.any() else np.arange(len(req_ids))
+        new_tokens: list[list[int]] = [[] for _ in req_ids]
+        logits_rows = edits = 0
+        if len(decoding):
+            report = self._denoise(slots_host[decoding], batch.request_seq[decoding], batch.twin_seq[decoding],
+                                   batch.has_twins, hidden, inputs)
+            progress = report[:, 2:4].numpy()
+            h.block[slots_host[decoding]], h.block_step[slots_host[decoding]] = progress[:, 0], progress[:, 1]
+            copies = self.copies[slots_host[decoding]].tolist()
+            for index, row, n in zip(decoding.tolist(), report.tolist(), copies):
+                req_id = req_ids[index]
+                start, end = self.emitted[req_id], row[0]
+                new_tokens[index] = row[_CANVAS + start : _CANVAS + end]
+                self.emitted[req_id] = end
+                logits_rows += row[1] * n
+                edits += row[4]
+        progress = np.stack([h.block[slots_host], h.block_step[slots_host]], axis=1)
+        return StepOutput(new_tokens=new_tokens, logits_rows=logits_rows, progress=[tuple(p) for p in progress.tolist()],
+                          edits=edits)
+
+    def _denoise(self, slots_host, request_seq, twin_seq, has_twins, hidden, inputs) -> torch.Tensor:
+        """The rule's step for the requests in `slots_host` (their sequences' rows of
+        `hidden`), and its report: per request the count of final tokens, its
+        candidates, its (block, step in block), its edits, then its canvas."""
         width = int(self.host.gen_length[slots_host].max())
         slots = to_device(slots_host, self.device)
+        seqs = to_device(np.stack([request_seq, twin_seq]), self.device)
         done = self.rule.denoise(
-            slots_host, slots, width, lambda rows, positions: self._reduce(hidden, inputs, batch, slots, rows, positions)
+            slots_host, slots, width,
+            lambda rows, positions: self._reduce(hidden, inputs, seqs, has_twins, slots, rows, positions),
         )
-
-        h = self.host
-        h.has_cache[slots_host] |= batch.refresh | batch.rebuild
-        self.evicted[slots_host] = False
         decode = self.decode
         final = self.rule.num_final(slots, width)
-        report = torch.cat(
+        return torch.cat(
             [final[:, None], done.plan.candidates.sum(dim=1)[:, None], decode.block[slots, None],
              decode.block_step[slots, None], self.rule.edits(slots)[:, None], decode.canvas[slots, :width]], dim=1,
         ).to("cpu")  # the step's second sync: everything the host needs, in one copy
-        progress = report[:, 2:4].numpy()
-        h.block[slots_host], h.block_step[slots_host] = progress[:, 0], progress[:, 1]
-        new_tokens, logits_rows, edits = [], 0, 0
-        for req_id, row, copies in zip(req_ids, report.tolist(), self.copies[slots_host].tolist()):
-            start, end = self.emitted[req_id], row[0]
-            new_tokens.append(row[_CANVAS + start : _CANVAS + end])
-            self.emitted[req_id] = end
-            logits_rows += row[1] * copies
-            edits += row[4]
-        return StepOutput(new_tokens=new_tokens, logits_rows=logits_rows, progress=[tuple(p) for p in progress.tolist()],
-                          edits=edits)
 
     def _keep_snapshots(self, slots_host: np.ndarray, batch: BatchLayout) -> None:
         """The canvas a cached request's Refresh runs on: what its cache holds until
@@ -390,7 +445,7 @@ class StepEngine:
                 return self.model(inputs.input_ids, inputs.positions)
         return self.graphs.forward(key, inputs.input_ids, inputs.positions, inputs.metadata)
 
-    def _reduce(self, hidden, inputs, batch: BatchLayout, slots, rows, positions):
+    def _reduce(self, hidden, inputs, seqs, has_twins: bool, slots, rows, positions):
         """(token, confidence) of each candidate: its hidden row (the row of the
         position before it for a shifted model; the twin's row too under CFG) through
         the LM head in chunks, reduced by the rule."""
@@ -398,10 +453,10 @@ class StepEngine:
         source = self.prompt_len[cand_slots] + positions
         if self.logits_shift:
             source = (source - 1).clamp(min=0)
-        seqs = to_device(np.stack([batch.request_seq, batch.twin_seq]), self.device)[:, rows]
+        seqs = seqs[:, rows]
         offset = source - inputs.query_start[seqs[0]]
         uncond_rows = cfg_scale = None
-        if batch.has_twins:
+        if has_twins:
             uncond_rows = inputs.query_start_loc[seqs[1]] + offset
             cfg_scale = self.decode.cfg_scale[cand_slots]
         return chunked_reduce(

@@ -32,6 +32,8 @@ class PhaseParams:
     delay_step: np.ndarray
     refresh_interval: np.ndarray
     segment: np.ndarray  # block length of a block-causal request (phases.block_causal_phase), else 0
+    prefilled: np.ndarray  # positions of a block-causal request whose K/V the pool holds (no cache yet)
+    chunk: np.ndarray  # a block-causal request's prefill chunk in tokens (0: none)
 
 
 @dataclass
@@ -42,6 +44,7 @@ class BatchPhases:
     reuse_start: np.ndarray  # [R]: the queries a Reuse step of the active block runs
     reuse_end: np.ndarray  # (a sparse Refresh ranks positions with them)
     segment: np.ndarray  # [R]: block-causal queries are segments of this many, 0: one sequence
+    decodes: np.ndarray  # bool [R]: False for a prefill chunk (K/V only)
 
     @property
     def num_queries(self) -> np.ndarray:
@@ -63,10 +66,14 @@ def batch_phases(p: PhaseParams) -> BatchPhases:
     causal = p.segment > 0
     length = np.maximum(p.segment, 1)
     active = p.prompt_len - p.prompt_len % length + p.block * length
+    end = active + length
     boundary = (p.block_step == 0) & (p.block > 0)
-    causal_start = np.where(~p.has_cache, 0, np.where(boundary, active - length, active))
+    run = np.where(p.chunk > 0, np.maximum(p.chunk // length, 1) * length, 0)
+    chunked = ~p.has_cache & (run > 0) & (end - p.prefilled > run)
+    causal_start = np.where(~p.has_cache, p.prefilled, np.where(boundary, active - length, active))
     refresh = np.where(causal, ~p.has_cache, refresh)
     query_start = np.where(causal, causal_start, query_start)
-    query_end = np.where(causal, active + length, query_end)
+    query_end = np.where(causal, np.where(chunked, p.prefilled + run, end), query_end)
     return BatchPhases(refresh=refresh, query_start=query_start, query_end=query_end,
-                       reuse_start=reuse_start, reuse_end=reuse_end, segment=p.segment)
+                       reuse_start=reuse_start, reuse_end=reuse_end, segment=p.segment,
+                       decodes=~(causal & chunked))

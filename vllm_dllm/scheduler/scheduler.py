@@ -23,10 +23,17 @@ from vllm.v1.request import Request, RequestStatus
 from vllm_dllm.kv_footprint import request_slots
 from vllm_dllm.metrics import StepStats
 from vllm_dllm.options import DecodeOptions, OptionError, resolve, sequence_copies
-from vllm_dllm.phases import StepPhase, block_phase, keeps_cache_over_preemption
+from vllm_dllm.phases import (
+    StepPhase,
+    block_phase,
+    is_block_causal,
+    keeps_cache_over_preemption,
+    max_block_causal_queries,
+)
 from vllm_dllm.scheduler.accounting import ComputedTokensAccounting
 from vllm_dllm.scheduler.plan import Candidate, Holder, choose_preemptions, plan_step
-from vllm_dllm.server_config import server_defaults
+from vllm_dllm.scheduler.prefix_cache import leading_blocks, usable_prefix
+from vllm_dllm.server_config import prefill_chunk, server_defaults
 
 logger = init_logger(__name__)
 
@@ -42,6 +49,8 @@ class RequestTrack:
     block_step: int = 0  # steps run in it
     has_cache: bool = False  # its blocks hold a Refresh's K/V
     evicted: bool = False  # preemption freed its cache: the next step rebuilds or refreshes it
+    prefilled: int = 0  # block-causal, no cache yet: positions whose K/V its blocks hold
+    chunk: int = 0  # block-causal: the server's prefill chunk (phases.block_causal_phase)
 
     @property
     def canvas(self) -> int:
@@ -64,7 +73,8 @@ class RequestTrack:
     def phase(self) -> StepPhase:
         """Refresh or Reuse, and the queries of its next step (an evicted cache counts:
         the step rebuilds it)."""
-        return block_phase(self.options, self.block, self.block_step, self.prompt_len, self.has_cache or self.evicted)
+        return block_phase(self.options, self.block, self.block_step, self.prompt_len, self.has_cache or self.evicted,
+                           self.prefilled, self.chunk)
 
     @property
     def needs_rebuild(self) -> bool:
@@ -76,18 +86,28 @@ class RequestTrack:
         """Query tokens of every remaining step, were every block to take the fixed
         schedule's steps (an upper bound on the number of steps under every rule)."""
         copies = sequence_copies(self.options)
-        costs, has_cache = [], self.has_cache or self.evicted
+        costs, has_cache, prefilled = [], self.has_cache or self.evicted, self.prefilled
         rebuild = self.prompt_len + self.canvas if self.needs_rebuild else 0
         for block in range(self.block, self.num_blocks):
             for block_step in range(self.block_step if block == self.block else 0, self.steps_per_block):
-                phase = block_phase(self.options, block, block_step, self.prompt_len, has_cache)
-                costs.append((phase.num_queries + rebuild) * copies)
+                while True:  # prefill chunks first, then the step itself
+                    phase = block_phase(self.options, block, block_step, self.prompt_len, has_cache, prefilled, self.chunk)
+                    costs.append((phase.num_queries + rebuild) * copies)
+                    if phase.decodes:
+                        break
+                    prefilled = phase.query_end
                 has_cache, rebuild = has_cache or phase.refresh, 0
         return tuple(costs)
 
-    def advance(self, reported: tuple[int, int] | None) -> None:
-        """After a step: the runner's report of (block, step in block), or the fixed
-        schedule's next step when there is none."""
+    def advance(self, phase: StepPhase, reported: tuple[int, int] | None) -> None:
+        """After a step of `phase`: the runner's report of (block, step in block), or
+        the fixed schedule's next step when there is none."""
+        if not phase.decodes:
+            self.prefilled = phase.query_end
+            return
+        # A Refresh fills the cache; a rebuilt one is whole again either way.
+        self.has_cache = self.has_cache or phase.refresh or self.evicted
+        self.evicted = False
         if reported is not None:
             self.block, self.block_step = reported
         elif self.block_step + 1 >= self.steps_per_block:
@@ -107,6 +127,7 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
         # Lookahead and reserve price requests by their future steps.
         self.needs_profiles = self.admission in ("lookahead", "reserve")
         self.block_size = self.cache_config.block_size
+        self.prefill_chunk = prefill_chunk(self.vllm_config)
         self._costs: dict[str, RequestTrack] = {}
         self._rejected: dict[str, str] = {}
         self._step_stats: StepStats | None = None
@@ -144,7 +165,10 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
                 f"prompt ({request.num_prompt_tokens} tokens) plus generation length "
                 f"({options.gen_length}{padded}) exceeds max_model_len {self.max_model_len}"
             )
-        tokens = seq_len * sequence_copies(options)
+        causal = is_block_causal(options)
+        chunk = self.prefill_chunk if causal else 0
+        most_queries = max_block_causal_queries(options.block_length, seq_len, chunk) if causal else seq_len
+        tokens = most_queries * sequence_copies(options)
         slots = request_slots(options, request.num_prompt_tokens)
         if slots > self.max_model_len:
             # vLLM's KV cache manager caps one request's slots at max_model_len; the
@@ -163,7 +187,7 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
         capacity = self.kv_cache_manager.block_pool.num_gpu_blocks - 1
         if blocks > capacity:
             return f"request needs {blocks} KV blocks, the whole pool has {capacity}"
-        self._costs[request.request_id] = RequestTrack(options, request.num_prompt_tokens, blocks)
+        self._costs[request.request_id] = RequestTrack(options, request.num_prompt_tokens, blocks, chunk=chunk)
         return None
 
     # ---- one step -----------------------------------------------------------
@@ -182,6 +206,15 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
         if self.policy == SchedulingPolicy.PRIORITY:
             waiting.sort(key=lambda r: (r.priority, r.arrival_time))
         return waiting
+
+    def _prefix_hit(self, request: Request, track: RequestTrack):
+        """Positions of a block-causal request's prompt the prefix cache holds exactly
+        (scheduler/prefix_cache.py), and their KV blocks; (0, None) otherwise."""
+        if not (self.kv_cache_manager.enable_caching and is_block_causal(track.options)):
+            return 0, None
+        found = self.kv_cache_manager.get_computed_blocks(request)
+        hit = usable_prefix(found[1], track.prompt_len, track.options.block_length, self.block_size)
+        return hit, (leading_blocks(found[0], hit, self.block_size) if hit else None)
 
     def _preempt_for(self, newcomer: Request) -> None:
         """Under priority scheduling, free KV for a higher-priority request by
@@ -213,6 +246,7 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             # A block-causal request recomputes its prefix from its tokens instead.
             track.evicted = track.evicted or (track.has_cache and keeps_cache_over_preemption(track.options))
             track.has_cache = False
+            track.prefilled = 0
         super()._preempt_request(request, timestamp, drop_stale_output)
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
@@ -235,7 +269,11 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             request = self.requests[req_id]
             # KV for the whole sequence (both CFG twins), whatever the step costs.
             track = self._costs[req_id]
-            if self.kv_cache_manager.allocate_slots(request, track.blocks * self.block_size, has_scheduled_reqs=False) is None:
+            hit, cached = self._prefix_hit(request, track)
+            if self.kv_cache_manager.allocate_slots(
+                request, track.blocks * self.block_size - hit, num_new_computed_tokens=hit,
+                new_computed_blocks=cached, has_scheduled_reqs=False,
+            ) is None:
                 # The pool's own accounting disagrees with the plan: wait for frees.
                 for later in plan.admitted[plan.admitted.index(req_id):]:
                     plan.num_tokens.pop(later)
@@ -243,6 +281,11 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             held = len(self.kv_cache_manager.get_blocks(req_id).get_block_ids()[0])
             if held != track.blocks:
                 raise RuntimeError(f"request {req_id} got {held} KV blocks, needs {track.blocks}")
+            if self.kv_cache_manager.enable_caching:
+                self.kv_cache_manager.record_prefix_cache_stats(request, hit)
+            # The runner reads where the request's prefill starts from here.
+            request.num_computed_tokens = track.prefilled = hit
+            plan.num_tokens[req_id] = track.tokens  # priced before the hit was known
             self.waiting.remove_request(request)
             self.running.append(request)
             request.status = RequestStatus.RUNNING
@@ -324,6 +367,10 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             if track is None:
                 continue
             phase = track.phase()
+            if not phase.decodes:  # a prefill chunk: K/V only, no denoising
+                stats.denoising_steps -= 1
+                track.advance(phase, None)
+                continue
             stats.canvas_positions += track.canvas
             if phase.refresh:
                 stats.refresh_steps += 1
@@ -332,11 +379,8 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             stats.cache_rebuilds += track.needs_rebuild
             index = model_runner_output.req_id_to_index.get(req_id)
             block = track.block
-            track.advance(progress[index] if progress is not None and index is not None else None)
+            track.advance(phase, progress[index] if progress is not None and index is not None else None)
             stats.completed_blocks += max(track.block - block, 0)
-            # A Refresh fills the cache; a rebuilt one is whole again either way.
-            track.has_cache = track.has_cache or phase.refresh or track.evicted
-            track.evicted = False
         return stats
 
     def make_stats(self, spec_decoding_stats=None, *args, **kwargs):

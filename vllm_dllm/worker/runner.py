@@ -26,7 +26,7 @@ from vllm_dllm.attention.backends import select_backend
 from vllm_dllm.engine.engine import StepEngine
 from vllm_dllm.engine.graphs import capture_cuda_graph
 from vllm_dllm.options import resolve
-from vllm_dllm.server_config import server_defaults
+from vllm_dllm.server_config import BLOCK_CAUSAL_KINDS, prefill_chunk, server_defaults
 from vllm_dllm.worker.kv_pool import bind_kv_pool
 from vllm_dllm.worker.special_ids import special_ids
 
@@ -102,6 +102,7 @@ class DiffusionModelRunner:
             cuda_graphs=not self.model_config.enforce_eager,
             graph_capture=self._graph_capture(),
             model_context=self._forward_context,
+            prefill_chunk=prefill_chunk(self.vllm_config),
         )
 
     def _forward_context(self, num_tokens: int):
@@ -130,13 +131,17 @@ class DiffusionModelRunner:
             self._build_engine()  # before any request: its tensors are sized by the length
 
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
+        # vLLM turns chunked prefill and prefix caching off for non-causal layers;
+        # block-causal K/V are prefix-stable by whole blocks, which the scheduler
+        # respects (scheduler/prefix_cache.py, phases.block_causal_phase).
+        non_causal = self.defaults.kind not in BLOCK_CAUSAL_KINDS
         return {
             layer.layer_name: FullAttentionSpec(
                 block_size=self.block_size,
                 num_kv_heads=layer.num_kv_heads,
                 head_size=layer.head_dim,
                 dtype=self.kv_cache_dtype,
-                non_causal=True,
+                non_causal=non_causal,
             )
             for layer in self.model.model.attention_layers()
         }
@@ -210,8 +215,9 @@ class DiffusionModelRunner:
                 engine.drop_cache(req_id)
         for new in scheduler_output.scheduled_new_reqs:
             if new.req_id in engine:
-                # A resumed request keeps its canvas; only its KV blocks are new.
-                engine.set_blocks(new.req_id, list(new.block_ids[0]))
+                # A resumed request keeps its canvas; only its KV blocks are new (a
+                # block-causal one's prefix may come from the prefix cache).
+                engine.resume(new.req_id, list(new.block_ids[0]), new.num_computed_tokens)
             else:
                 self._add(new)
         cached = scheduler_output.scheduled_cached_reqs
@@ -230,4 +236,5 @@ class DiffusionModelRunner:
             extra_args=params.extra_args,
         )
         seed = params.seed if params.seed is not None else unseeded_seed(new.req_id, self.model_config.seed)
-        self.engine.add(new.req_id, list(new.prompt_token_ids), options, seed, list(new.block_ids[0]))
+        self.engine.add(new.req_id, list(new.prompt_token_ids), options, seed, list(new.block_ids[0]),
+                        prefilled=new.num_computed_tokens)
