@@ -20,7 +20,7 @@ from vllm_dllm.engine.phases import PhaseParams, batch_phases
 from vllm_dllm.engine.step_inputs import SequenceLayout, build_step_inputs
 from vllm_dllm.engine.torch_model import ModelShape, build_model
 from vllm_dllm.options import CACHE_POLICIES, DreamOptions, LLaDA2Options, LLaDAOptions
-from vllm_dllm.phases import query_lead, step_phase
+from vllm_dllm.phases import block_phase, query_lead
 
 BLOCK_SIZE = 16
 SHAPE = ModelShape(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
@@ -139,7 +139,7 @@ def test_engine_tokens_do_not_depend_on_batch_composition():
 def test_batch_phases_match_the_scheduler_phase(seed):
     rng = random.Random(seed)
     rows, expected = [], []
-    for _ in range(40):
+    for _ in range(80):
         block = rng.choice([4, 8, 16])
         blocks = rng.randint(1, 4)
         spb = rng.randint(1, 6)
@@ -162,11 +162,17 @@ def test_batch_phases_match_the_scheduler_phase(seed):
                 minimal_topk=1, eos_early_stop=False, editing_threshold=None, max_post_steps=4, num_to_transfer=1,
                 temperature=0.0, top_k=None, top_p=None,
             )
-        prompt_len, has_cache = rng.randint(1, 30), rng.random() < 0.7
+        causal = getattr(options, "block_causal", False)
+        prompt_len, has_cache = rng.randint(1, 70 if causal else 30), rng.random() < (0.4 if causal else 0.7)
         options = options.placed(prompt_len)
         step = rng.randrange(options.steps_per_block * options.num_blocks)
-        rows.append((options, prompt_len, step, has_cache))
-        expected.append(step_phase(options, step, prompt_len, has_cache))
+        # A block-causal prefill may start at a cached prefix and run in chunks.
+        whole = prompt_len - prompt_len % block
+        prefilled = rng.randrange(0, whole + 1, block) if options.block_causal else 0
+        chunk = rng.choice([0, block - 1, block, 2 * block + 3, 5 * block]) if options.block_causal else 0
+        rows.append((options, prompt_len, step, has_cache, prefilled, chunk))
+        expected.append(block_phase(options, step // options.steps_per_block, step % options.steps_per_block,
+                                    prompt_len, has_cache, prefilled, chunk))
     t = lambda values: np.array(values)  # noqa: E731
     phases = batch_phases(PhaseParams(
         prompt_len=t([r[1] for r in rows]),
@@ -180,10 +186,14 @@ def test_batch_phases_match_the_scheduler_phase(seed):
         delay_step=t([r[0].delay_step for r in rows]),
         refresh_interval=t([r[0].refresh_interval for r in rows]),
         segment=t([r[0].block_length if r[0].block_causal else 0 for r in rows]),
+        prefilled=t([r[4] for r in rows]),
+        chunk=t([r[5] for r in rows]),
     ))
-    got = list(zip(phases.refresh.tolist(), phases.query_start.tolist(), phases.query_end.tolist()))
-    assert got == [(p.refresh, p.query_start, p.query_end) for p in expected]
-    assert any(r[0].block_causal for r in rows)
+    got = list(zip(phases.refresh.tolist(), phases.query_start.tolist(), phases.query_end.tolist(),
+                   phases.decodes.tolist()))
+    assert got == [(p.refresh, p.query_start, p.query_end, p.decodes) for p in expected]
+    assert any(r[0].block_causal and not p.decodes for r, p in zip(rows, expected))
+    assert any(r[0].block_causal and r[4] > 0 and p.refresh for r, p in zip(rows, expected))
 
 
 def naive_attention(q, cache, layout, query_start_loc, positions_per_seq, scale):
