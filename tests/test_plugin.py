@@ -28,7 +28,8 @@ def test_register_is_idempotent_and_adds_only_our_architectures():
     vllm_dllm.register()
     vllm_dllm.register()
     added = set(MODELS_CONFIG_MAP) - set(before)
-    ours = {"LLaDAModelLM", "DreamModel", "LLaDA2MoeModelLM"}
+    ours = set(vllm_dllm._MODELS)
+    assert {"LLaDAModelLM", "DreamModel", "LLaDA2MoeModelLM", "LLaDAMoEModelLM"} <= ours
     assert added <= ours
     assert ours <= set(ModelRegistry.get_supported_archs())
     for arch, hook in before.items():

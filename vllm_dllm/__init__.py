@@ -1,4 +1,4 @@
-"""vllm-dllm: serve masked-diffusion language models (LLaDA, Dream, LLaDA2.x) with vLLM."""
+"""vllm-dllm: serve masked-diffusion language models (LLaDA, LLaDA-MoE, Dream, LLaDA2.x) with vLLM."""
 
 from __future__ import annotations
 
@@ -8,6 +8,11 @@ _MODELS = {
     "LLaDAModelLM": "vllm_dllm.models.llada:LLaDAModelLM",
     "DreamModel": "vllm_dllm.models.dream:DreamModel",
     "LLaDA2MoeModelLM": "vllm_dllm.models.llada2:LLaDA2MoeModelLM",
+    # LLaDA-MoE, decoded as LLaDA; the released name first, then other spellings of
+    # it (configs/llada_moe.py: LLADA_MOE_ARCHITECTURES).
+    "LLaDAMoEModelLM": "vllm_dllm.models.llada_moe:LLaDAMoEModelLM",
+    "LLaDAMoeModelLM": "vllm_dllm.models.llada_moe:LLaDAMoEModelLM",
+    "LLaDAMoEModel": "vllm_dllm.models.llada_moe:LLaDAMoEModelLM",
 }
 
 _registered = False
@@ -16,7 +21,7 @@ _registered = False
 def register() -> None:
     """vLLM general-plugin entry point.  Idempotent; imports nothing heavy.
 
-    It only adds entries for the LLaDA, Dream and LLaDA2.x architectures, so every other model is
+    It only adds entries for the LLaDA, LLaDA-MoE, Dream and LLaDA2.x architectures, so every other model is
     served exactly as without the plugin.
     """
     global _registered

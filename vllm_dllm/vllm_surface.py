@@ -267,9 +267,11 @@ CALLS: tuple[Call, ...] = (
     Call(f"{LAYERS}.fused_moe", "FusedMoEFactory", 0,
          ("num_experts", "top_k", "hidden_size", "intermediate_size", "renormalize", "use_grouped_topk",
           "num_expert_group", "topk_group", "quant_config", "prefix", "scoring_func", "routed_scaling_factor",
-          "e_score_correction_bias", "router_logits_dtype"), "models/moe.py"),
+          "e_score_correction_bias", "router_logits_dtype", "custom_routing_function"),
+         "models/moe.py; models/llada_moe.py: custom_routing_function is called with the keywords "
+         "hidden_states, gating_output, topk, renormalize and returns (weights, ids)"),
     Call(f"{LAYERS}.fused_moe.routed_experts", "RoutedExperts.weight_loader", 3, ("shard_id", "expert_id", "return_success"),
-         "models/llada2.py: a checkpoint's per-expert projection into the fused w13/w2"),
+         "models/moe.py: a checkpoint's per-expert projection into the fused w13/w2"),
     Call(f"{LAYERS}.vocab_parallel_embedding", "ParallelLMHead.__init__", 2, ("quant_config",)),
     Call(f"{LAYERS}.vocab_parallel_embedding", "VocabParallelEmbedding.__init__", 2),
     Call(f"{LAYERS}.logits_processor", "LogitsProcessor.__init__", 1),

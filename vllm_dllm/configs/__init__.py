@@ -1,8 +1,10 @@
-"""HF config / tokenizer classes for LLaDA, LLaDA2.x and Dream checkpoints.
+"""HF config / tokenizer classes for LLaDA, LLaDA-MoE, LLaDA2.x and Dream checkpoints.
 
 ``register_hf_classes()`` makes ``AutoConfig.from_pretrained`` resolve
 ``model_type: "llada"`` / ``"llada2_moe"`` / ``"Dream"`` and ``AutoTokenizer.from_pretrained``
 resolve ``tokenizer_class: "DreamTokenizer"`` without ``trust_remote_code``.
+"llada" names two formats: LLaDA-8B's (OLMo keys) and LLaDA-MoE's (OLMoE keys); the
+class registered for it reads the dict and builds the matching config.
 
 How transformers (5.x) resolves the tokenizer for a Dream folder:
 
@@ -33,21 +35,38 @@ from .dream import DreamConfig
 from .dream_tokenizer import DreamTokenizer
 from .llada import LLaDAConfig
 from .llada2 import LLaDA2MoeConfig
+from .llada_moe import LLaDAMoEConfig, is_llada_moe_format
 
-__all__ = ["DreamConfig", "DreamTokenizer", "LLaDA2MoeConfig", "LLaDAConfig", "register_hf_classes"]
+__all__ = [
+    "DreamConfig", "DreamTokenizer", "LLaDA2MoeConfig", "LLaDAConfig", "LLaDAMoEConfig", "register_hf_classes",
+]
+
+
+class LLaDAFamilyConfig(LLaDAConfig):
+    """What ``model_type: "llada"`` resolves to.  AutoConfig builds a config with
+    ``from_dict``; this one returns a ``LLaDAMoEConfig`` for a LLaDA-MoE dict and a
+    plain ``LLaDAConfig`` otherwise, so LLaDA-8B's defaults never leak into a MoE
+    config (its mask id above all)."""
+
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        if is_llada_moe_format(config_dict):
+            return LLaDAMoEConfig.from_dict(config_dict, **kwargs)
+        return LLaDAConfig.from_dict(config_dict, **kwargs)
+
 
 _registered = False
 
 
 def register_hf_classes() -> None:
-    """Register LLaDAConfig, LLaDA2MoeConfig, DreamConfig and DreamTokenizer with the
-    transformers Auto classes. Idempotent and cheap."""
+    """Register the "llada" configs (LLaDAFamilyConfig), LLaDA2MoeConfig, DreamConfig and
+    DreamTokenizer with the transformers Auto classes. Idempotent and cheap."""
     global _registered
     if _registered:
         return
     from transformers import AutoConfig, AutoTokenizer
 
-    AutoConfig.register(LLaDAConfig.model_type, LLaDAConfig, exist_ok=True)
+    AutoConfig.register(LLaDAFamilyConfig.model_type, LLaDAFamilyConfig, exist_ok=True)
     AutoConfig.register(DreamConfig.model_type, DreamConfig, exist_ok=True)
     AutoConfig.register(LLaDA2MoeConfig.model_type, LLaDA2MoeConfig, exist_ok=True)
 

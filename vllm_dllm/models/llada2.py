@@ -30,7 +30,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, 
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
 from vllm_dllm.attention.paged import DiffusionAttention
-from vllm_dllm.models.moe import SparseMoE
+from vllm_dllm.models.moe import EXPERT_WEIGHT, SparseMoE, load_expert_weight
 from vllm_dllm.models.transformer import GatedMLP, TransformerShape, fused_qkv, rank_heads
 
 
@@ -145,10 +145,9 @@ class Llada2Backbone(nn.Module):
 
 
 # Checkpoint name -> (our parameter, shard) for the tensors whose names differ:
-# the gate and up projections are fused, the experts' are stacked per layer.
+# the gate and up projections are fused, the experts' are stacked per layer
+# (models/moe.py).
 _FUSED_MLP = re.compile(r"(.*\.(?:mlp|mlp\.shared_experts))\.(gate_proj|up_proj)\.weight")
-_EXPERT = re.compile(r"(.*\.mlp)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
-_EXPERT_SHARD = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
 
 
 class LLaDA2MoeModelLM(nn.Module):
@@ -180,14 +179,11 @@ class LLaDA2MoeModelLM(nn.Module):
         modules = dict(self.named_modules())
         loaded: set[str] = set()
         for name, tensor in weights:
-            expert = _EXPERT.fullmatch(name)
+            expert = EXPERT_WEIGHT.fullmatch(name)
             fused = _FUSED_MLP.fullmatch(name)
             if expert:
                 moe, index, kind = expert.group(1), int(expert.group(2)), expert.group(3)
-                param = modules[moe].expert_weight_param(kind)
-                param.weight_loader(param, tensor, name, shard_id=_EXPERT_SHARD[kind], expert_id=index,
-                                    return_success=False)
-                loaded.add(f"{moe}.experts.routed_experts.{'w2_weight' if kind == 'down_proj' else 'w13_weight'}")
+                loaded.add(load_expert_weight(modules[moe].experts, moe, index, kind, tensor, name))
                 continue
             if fused:
                 target = f"{fused.group(1)}.gate_up_proj.weight"

@@ -8,9 +8,14 @@ renormalised and scaled by `routed_scaling_factor`.  vLLM's grouped top-k router
 implements exactly this (with a CPU path), so the experts run through its
 `FusedMoEFactory` pipeline: tensor- and expert-parallel as vLLM configures it.
 The shared experts are a plain gated MLP added to the routed output.
+
+`EXPERT_WEIGHT` / `load_expert_weight` load a checkpoint's per-expert projections
+into the fused expert parameters; LLaDA-MoE (models/llada_moe.py) uses them too.
 """
 
 from __future__ import annotations
+
+import re
 
 import torch
 from torch import nn
@@ -18,6 +23,21 @@ from vllm.model_executor.layers.fused_moe import FusedMoEFactory
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
 from vllm_dllm.models.transformer import GatedMLP
+
+# `<moe>.experts.<e>.<projection>.weight`, the per-expert names of HF MoE checkpoints.
+EXPERT_WEIGHT = re.compile(r"(.*\.mlp)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
+_EXPERT_SHARD = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+
+
+def load_expert_weight(experts: nn.Module, moe_name: str, index: int, kind: str, tensor: torch.Tensor,
+                       name: str) -> str:
+    """Load expert `index`'s `kind` projection into vLLM's fused expert parameters
+    (gate and up into w13, down into w2; vLLM's loader takes this rank's share) and
+    return the parameter's name under the model."""
+    param_name = "w2_weight" if kind == "down_proj" else "w13_weight"
+    param = dict(experts.named_parameters())[f"routed_experts.{param_name}"]
+    param.weight_loader(param, tensor, name, shard_id=_EXPERT_SHARD[kind], expert_id=index, return_success=False)
+    return f"{moe_name}.experts.routed_experts.{param_name}"
 
 
 class RouterGate(nn.Module):
@@ -70,9 +90,3 @@ class SparseMoE(nn.Module):
         if self.shared_experts is not None:
             routed = routed + self.shared_experts(hidden)
         return routed
-
-    def expert_weight_param(self, kind: str) -> nn.Parameter:
-        """The fused parameter a checkpoint's per-expert projection loads into:
-        gate and up into w13, down into w2."""
-        name = "w2_weight" if kind == "down_proj" else "w13_weight"
-        return dict(self.experts.named_parameters())[f"routed_experts.{name}"]

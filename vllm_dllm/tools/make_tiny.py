@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m vllm_dllm.tools.make_tiny --arch llada|dream|llada2 --out DIR \
+    python -m vllm_dllm.tools.make_tiny --arch llada|dream|llada2|llada-moe --out DIR \
         [--vocab small|real] [--seed 0] [--hidden 128] [--layers 2] [--heads 2] \
         [--kv-heads N] [--intermediate 256] [--dtype float32|bfloat16] [--max-len 512]
 
@@ -17,6 +17,7 @@ What is written (see MODEL_SPEC.md sections 1, 1b, 2, 5):
   ``PreTrainedTokenizerFast``, the LLaDA chat template) and
   ``special_tokens_map.json``.
 * LLaDA2.x (``llada2``, small vocabulary only): see vllm_dllm/tools/tiny_llada2.py.
+* LLaDA-MoE (``llada-moe``, small vocabulary only): see vllm_dllm/tools/tiny_llada_moe.py.
 * Dream: ``config.json`` (Qwen2 keys), ``generation_config.json``,
   ``configuration_dream.py``, ``model.safetensors`` (Qwen2 names incl. q/k/v
   biases), ``vocab.json`` + ``merges.txt`` + ``tokenization_dream.py`` +
@@ -24,7 +25,7 @@ What is written (see MODEL_SPEC.md sections 1, 1b, 2, 5):
   ``special_tokens_map.json`` and ``added_tokens.json``.
 
 One module per architecture writes its files (tiny_llada.py, tiny_dream.py,
-tiny_llada2.py, sharing tiny_parts.py); this one checks the arguments, draws the
+tiny_llada2.py, tiny_llada_moe.py, sharing tiny_parts.py); this one checks the arguments, draws the
 weights in order and saves them.
 
 Besides the HF files, ``make_tiny.json`` records the generator arguments
@@ -61,14 +62,17 @@ import argparse
 import pathlib
 import sys
 
-from vllm_dllm.tools import tiny_dream, tiny_llada, tiny_llada2
+from vllm_dllm.tools import tiny_dream, tiny_llada, tiny_llada2, tiny_llada_moe
 from vllm_dllm.tools.hf_files import write_json
 
 FORMAT_VERSION = 1
 
 # Each architecture's writer: the folder's files but the weights, then
 # (config, generation config, weights).
-WRITERS = {"llada": tiny_llada.write, "dream": tiny_dream.write, "llada2": tiny_llada2.write}
+WRITERS = {"llada": tiny_llada.write, "dream": tiny_dream.write, "llada2": tiny_llada2.write,
+           "llada-moe": tiny_llada_moe.write}
+# Architectures whose released models have no GQA: their tinies keep kv_heads = heads.
+_NO_GQA = ("llada", "llada-moe")
 
 _ALL_FILES = (
     "config.json",
@@ -76,6 +80,7 @@ _ALL_FILES = (
     "configuration_llada.py",
     "configuration_dream.py",
     "configuration_llada2_moe.py",
+    "configuration_lladamoe.py",
     "model.safetensors",
     "model.safetensors.index.json",
     "tokenizer.json",
@@ -109,7 +114,7 @@ def make_tiny(
 ) -> pathlib.Path:
     """Write a tiny random checkpoint folder and return its path.
 
-    ``kv_heads=None`` means: LLaDA -> ``heads`` (the real model has no GQA);
+    ``kv_heads=None`` means: LLaDA and LLaDA-MoE -> ``heads`` (the real models have no GQA);
     Dream -> ``heads // 2`` when ``heads`` is even and > 1, else ``heads``
     (GQA like the real 28/4 model).
     """
@@ -118,14 +123,14 @@ def make_tiny(
 
     arch = arch.lower()
     if arch not in WRITERS:
-        raise ValueError(f"arch must be 'llada', 'dream' or 'llada2', got {arch!r}")
+        raise ValueError(f"arch must be one of {', '.join(map(repr, WRITERS))}, got {arch!r}")
     if vocab not in ("small", "real"):
         raise ValueError(f"vocab must be 'small' or 'real', got {vocab!r}")
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype)
     if torch_dtype is None:
         raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
     if kv_heads is None:
-        kv_heads = heads // 2 if (arch != "llada" and heads > 1 and heads % 2 == 0) else heads
+        kv_heads = heads // 2 if (arch not in _NO_GQA and heads > 1 and heads % 2 == 0) else heads
     if hidden % heads != 0:
         raise ValueError(f"hidden ({hidden}) must be divisible by heads ({heads})")
     if heads % kv_heads != 0:
@@ -165,9 +170,9 @@ def make_tiny(
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m vllm_dllm.tools.make_tiny",
-        description="Write a tiny random LLaDA/Dream/LLaDA2 checkpoint in the real HF file format.",
+        description="Write a tiny random LLaDA/Dream/LLaDA2/LLaDA-MoE checkpoint in the real HF file format.",
     )
-    ap.add_argument("--arch", required=True, choices=["llada", "dream", "llada2"])
+    ap.add_argument("--arch", required=True, choices=list(WRITERS))
     ap.add_argument("--out", required=True, help="output folder (created; our files are overwritten)")
     ap.add_argument("--vocab", default="small", choices=["small", "real"])
     ap.add_argument("--seed", type=int, default=0)
