@@ -180,6 +180,54 @@ def parallel_count(rule: str, values: list[float], floor: int, *, threshold: flo
     return min(max(n, floor), len(values))
 
 
+def credit_fuse(credit: torch.Tensor, logits: torch.Tensor, *, credit_alpha: float, credit_decay: float,
+                credit_boost: float) -> torch.Tensor:
+    """dInfer's credit for one masked position, from its definition: its dense credit
+    row `credit` [vocabulary] decays, the top token of softmax(logits) gains its
+    probability ** credit_boost (in place), and the logits become
+    logits + credit_alpha * log(1 + credit)."""
+    probs = F.softmax(logits.float(), dim=-1)
+    credit *= credit_decay
+    credit[int(probs.argmax())] += float(probs.max()) ** credit_boost
+    return logits + credit_alpha * torch.log1p(credit).to(logits.dtype)
+
+
+def parallel_selection(decoding: str, masked: list[int], confidence: dict, entropy: dict | None, floor: int, *,
+                       threshold: float, factor: float, gamma: float, low_threshold: float,
+                       max_tokens_per_step: int) -> tuple[dict, int]:
+    """(ranking key of each masked position, how many of the best-ranked commit) under
+    a parallel rule, from its block's masked positions, their confidences and (for
+    entropy_bound) their entropies: keys are the confidences, the negated entropies
+    for entropy_bound, and for hierarchy (dInfer: runs of consecutive masked
+    positions, a run's best above low_threshold, anything above threshold) the
+    confidences + 4 for the selected; the count is `parallel_count`'s (hierarchy and
+    credit count as threshold rules, hierarchy over its selection)."""
+    if decoding == "entropy_bound":
+        keys = {p: -entropy[p] for p in masked}
+        values = [entropy[p] for p in masked]
+    elif decoding == "hierarchy":
+        conf = {p: float(confidence[p]) for p in masked}
+        runs = []
+        for p in masked:
+            if runs and p == runs[-1][-1] + 1:
+                runs[-1].append(p)
+            else:
+                runs.append([p])
+        chosen = {p for p in masked if conf[p] > threshold}
+        for run in runs:
+            best = max(conf[p] for p in run)
+            chosen |= {p for p in run if conf[p] == best and best > low_threshold}
+        keys = {p: conf[p] + 4.0 if p in chosen else conf[p] for p in masked}
+        values = [1.0] * len(chosen) + [0.0] * (len(masked) - len(chosen))
+    else:
+        keys = {p: float(confidence[p]) for p in masked}
+        values = [keys[p] for p in masked]
+    rule = {"hierarchy": "threshold", "credit": "threshold"}.get(decoding, decoding)
+    k = parallel_count(rule, values, min(floor, len(masked)), threshold=1.0 if decoding == "hierarchy" else threshold,
+                       factor=factor, gamma=gamma, max_tokens_per_step=max_tokens_per_step)
+    return keys, k
+
+
 @torch.no_grad()
 def llada_generate(
     model,
@@ -295,10 +343,8 @@ def llada_generate(
                     credit = torch.zeros(seq_len, logits.shape[-1])
                 for p in range(block_start, block_end):
                     if bool(mask_index[0, p]):
-                        probs = F.softmax(logits[0, p].float(), dim=-1)
-                        credit[p] *= credit_decay
-                        credit[p, int(probs.argmax())] += float(probs.max()) ** credit_boost
-                        logits[0, p] = logits[0, p] + credit_alpha * torch.log1p(credit[p]).to(logits.dtype)
+                        logits[0, p] = credit_fuse(credit[p], logits[0, p], credit_alpha=credit_alpha,
+                                                   credit_decay=credit_decay, credit_boost=credit_boost)
 
             # Rows whose draws can matter: still masked and inside the current block.
             rows = [p for p in range(block_start, block_end) if bool(mask_index[0, p])]
@@ -339,37 +385,19 @@ def llada_generate(
             k = int(num_transfer[0, i])
             if decoding != "fixed":
                 masked = [p for p in range(block_start, block_end) if bool(mask_index[0, p])]
+                entropy = None
                 if decoding == "entropy_bound":
                     probs = F.softmax(logits[0], dim=-1)
                     entropy = {p: float(-(probs[p] * torch.log(probs[p])).nan_to_num().sum()) for p in masked}
-                    confidence = torch.full_like(confidence, -math.inf)
-                    for p in masked:
-                        confidence[0, p] = -entropy[p]
-                    values = [entropy[p] for p in masked]
-                elif decoding == "hierarchy":
-                    # dInfer: runs of consecutive masked positions; a run's best above
-                    # low_threshold, anything above threshold; ranked first.
-                    conf = {p: float(confidence[0, p]) for p in masked}
-                    runs = []
-                    for p in masked:
-                        if runs and p == runs[-1][-1] + 1:
-                            runs[-1].append(p)
-                        else:
-                            runs.append([p])
-                    chosen = {p for p in masked if conf[p] > threshold}
-                    for run in runs:
-                        best = max(conf[p] for p in run)
-                        chosen |= {p for p in run if conf[p] == best and best > low_threshold}
-                    confidence = confidence.double()
-                    for p in chosen:
-                        confidence[0, p] += 4.0
-                    values = [1.0] * len(chosen) + [0.0] * (len(masked) - len(chosen))
-                else:
-                    values = [float(confidence[0, p]) for p in masked]
-                rule = {"hierarchy": "threshold", "credit": "threshold"}.get(decoding, decoding)
-                k = parallel_count(rule, values,
-                                   min(k, len(masked)), threshold=1.0 if decoding == "hierarchy" else threshold,
-                                   factor=factor, gamma=gamma, max_tokens_per_step=max_tokens_per_step)
+                keys, k = parallel_selection(
+                    decoding, masked, {p: confidence[0, p] for p in masked}, entropy, k, threshold=threshold,
+                    factor=factor, gamma=gamma, low_threshold=low_threshold, max_tokens_per_step=max_tokens_per_step)
+                # Ranked in the keys' own precision: confidences (entropies) as computed,
+                # hierarchy's boosted keys in float64.
+                confidence = torch.full_like(confidence, -math.inf,
+                                             dtype=torch.float64 if decoding == "hierarchy" else confidence.dtype)
+                for p in masked:
+                    confidence[0, p] = keys[p]
             if k > 0:
                 _, select = torch.topk(confidence[0], k)
                 ties += int(_cut_is_tied(confidence[0], k))

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from tests.oracle import _cut_is_tied, parallel_selection
+
 
 def block_causal_mask(length: int, block_length: int) -> torch.Tensor:
     """bool [L, L]: query i may attend key j when j's block is not after i's."""
@@ -158,15 +160,38 @@ def _masks_to_commit(p: torch.Tensor, active: torch.Tensor, threshold: float, qu
     return chosen, tied
 
 
+def _rule_masks(decoding: str, p: torch.Tensor, dist: torch.Tensor, active: torch.Tensor, floor: int, *,
+                threshold: float, **params):
+    """(chosen, tied): the masks a parallel rule commits (tests/oracle.py's
+    parallel_selection, LLaDA's reference selection) among the block's active
+    positions, ranked by its keys (confidence `p`; negated entropy of `dist`, the
+    distribution `p` is read from, for entropy_bound), at least `floor`; tied when
+    the cut is an exact tie."""
+    masked = active.nonzero().flatten().tolist()
+    entropy = None
+    if decoding == "entropy_bound":
+        entropy = {i: float(-(dist[i] * torch.log(dist[i])).nan_to_num().sum()) for i in masked}
+    keys, n = parallel_selection(decoding, masked, {i: p[i] for i in masked}, entropy, floor,
+                                 threshold=threshold, **params)
+    ranked = torch.full((len(p),), float("-inf"), dtype=torch.float64 if decoding == "hierarchy" else p.dtype)
+    for i in masked:
+        ranked[i] = keys[i]
+    chosen = torch.zeros(len(p), dtype=torch.bool)
+    chosen[ranked.topk(n).indices] = True
+    return chosen, int(_cut_is_tied(ranked, n))
+
+
 def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None, draws, mask_id: int):
-    """(token, probability) per row: the argmax at T == 0 (probability under the plain
-    softmax), else a draw from the tempered, top-k then top-p filtered distribution
-    (inverse CDF with the given float64 uniforms).  The plugin's one departure from
-    the references: the mask id is never the token (the references' loop with editing
-    need not end when a model keeps predicting it); its probability still counts."""
+    """(token, probability, distribution) per row: the argmax at T == 0 (probability
+    under the plain softmax, the distribution), else a draw from the tempered, top-k
+    then top-p filtered distribution (inverse CDF with the given float64 uniforms).
+    The plugin's one departure from the references: the mask id is never the token
+    (the references' loop with editing need not end when a model keeps predicting
+    it); its probability still counts."""
     if temperature == 0:
         tokens = logits.masked_fill(torch.arange(logits.shape[1]) == mask_id, float("-inf")).argmax(-1)
-        return tokens, torch.softmax(logits, -1).gather(1, tokens[:, None]).squeeze(1)
+        probs = torch.softmax(logits, -1)
+        return tokens, probs.gather(1, tokens[:, None]).squeeze(1), probs
     scaled = logits.double() / temperature
     if top_k:
         kth = scaled.topk(top_k, dim=-1).values[:, -1:]
@@ -181,7 +206,7 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: fl
     probs = torch.softmax(scaled, -1)
     cdf = probs.masked_fill(torch.arange(probs.shape[1]) == mask_id, 0.0).cumsum(-1)
     tokens = torch.tensor([int((cdf[r] > draws[r] * cdf[r, -1]).nonzero()[0]) for r in range(len(probs))])
-    return tokens, probs.gather(1, tokens[:, None]).squeeze(1).float()
+    return tokens, probs.gather(1, tokens[:, None]).squeeze(1).float(), probs
 
 
 def llada2_generate(
@@ -202,11 +227,40 @@ def llada2_generate(
     max_post_steps: int = 16,
     num_to_transfer: int = 1,
     seed: int = 0,
+    decoding: str = "fixed",
+    **rule_params: float,
 ) -> Llada2Result:
     """LLaDA2.0's generate (editing_threshold None) or LLaDA2.1's (set).  Draws at
     T > 0 follow the plugin's random-stream contract (tests/oracle_model.py): stream 1,
-    keyed by the request's global step and the canvas position (position - prompt)."""
+    keyed by the request's global step and the canvas position (position - prompt).
+
+    decoding != "fixed": a parallel rule (threshold, factor, entropy_bound, hierarchy,
+    credit; `rule_params` its parameters, `threshold` the one above) chooses a step's
+    masks instead of the official threshold-or-quota choice: LLaDA's reference
+    selection (tests/oracle.py), at least the official count (the 2.0 quota of the
+    step; 2.1's num_to_transfer), among the active block's masks only.  Everything
+    else is unchanged: the block's end (2.0: no masks, or `steps` steps), 2.1's edits
+    of committed positions (plain logits: credit fuses the masked rows only) and its
+    post steps.  Credit is dInfer's dense [position, vocabulary] matrix, per block."""
+    from tests.oracle import credit_fuse, parallel_parameters
     from tests.oracle_model import STREAM_LLADA_SAMPLE, uniform64
+
+    _, factor, gamma, low_threshold, credit_alpha, credit_decay, credit_boost, max_tokens_per_step = (
+        parallel_parameters(rule_params)
+    )
+    rule = dict(factor=factor, gamma=gamma, low_threshold=low_threshold, max_tokens_per_step=max_tokens_per_step)
+    credit = None
+
+    def masks_to_commit(logits, active, floor, draws):
+        """(x0, p, chosen masks, tied) of a step: the official choice, or the rule's."""
+        if decoding == "credit":
+            for i in active.nonzero().flatten().tolist():
+                logits[i] = credit_fuse(credit[i], logits[i], credit_alpha=credit_alpha, credit_decay=credit_decay,
+                                        credit_boost=credit_boost)
+        x0, p, dist = _pick(logits, temperature, top_k, top_p, draws, mask_id)
+        if decoding == "fixed":
+            return (x0, p, *_masks_to_commit(p, active, threshold, floor))
+        return (x0, p, *_rule_masks(decoding, p, dist, active, floor, threshold=threshold, **rule))
 
     P = len(prompt)
     B = block_length
@@ -242,15 +296,17 @@ def llada2_generate(
     for b in range(P // B, num_blocks):
         blocks += 1
         start, end = b * B, (b + 1) * B
+        credit = None
         if editing_threshold is None:
             for step in range(steps):
                 active = x[start:end] == mask_id
                 if not active.any():
                     break
                 logits = step_logits(end)
-                x0, p = _pick(logits, temperature, top_k, top_p, draws_for(start), mask_id)
+                if credit is None:
+                    credit = torch.zeros(B, logits.shape[1])
+                x0, p, chosen, tied = masks_to_commit(logits, active, schedule[step], draws_for(start))
                 global_step += 1
-                chosen, tied = _masks_to_commit(p, active, threshold, schedule[step])
                 ties += tied
                 if temperature == 0:
                     ties += sum(_argmax_tied(logits[i]) for i in chosen.nonzero().flatten().tolist())
@@ -267,9 +323,10 @@ def llada2_generate(
                     break
                 generated = torch.arange(start, end) >= P
                 logits = step_logits(end)
-                x0, p = _pick(logits, temperature, top_k, top_p, draws_for(start), mask_id)
+                if credit is None:
+                    credit = torch.zeros(B, logits.shape[1])
+                x0, p, m2t, tied = masks_to_commit(logits, active, num_to_transfer, draws_for(start))
                 global_step += 1
-                m2t, tied = _masks_to_commit(p, active, threshold, num_to_transfer)
                 ties += tied
                 editable = ~active & generated
                 t2t = editable & (p > editing_threshold) & (x0 != old)

@@ -1,8 +1,8 @@
 """LLaDA2.0 and LLaDA2.1 decoding through vLLM's engine, token for token against the
 oracle's generate() (tests/oracle_llada2.py: a plain whole-window forward with the
-block-causal mask at every step, no cache), batched and one at a time; and no
-forward is spent on the K/V of a finished block: a request runs exactly the
-reference's forwards.
+block-causal mask at every step, no cache), batched and one at a time, under the
+official rule and the parallel rules (`decoding`); and no forward is spent on the K/V
+of a finished block: a request runs exactly the reference's forwards.
 """
 
 from __future__ import annotations
@@ -98,14 +98,26 @@ def counter(runner, name: str) -> float:
     return prometheus_client.REGISTRY.get_sample_value(f"vllm:diffusion_num_{name}_total", runner.labels) or 0.0
 
 
-def test_plugin_matches_the_reference_batched_and_alone_with_its_forwards(served):
+def reference(oracle, ids, case: Case, prompt: list[int], **overrides):
+    options = {**case.reference_options(), **overrides}
+    return llada2_generate(
+        oracle, prompt, gen_length=case.max_tokens, mask_id=ids["mask_token_id"], eos_id=ids["eos_token_id"],
+        temperature=case.temperature, top_k=case.top_k or None, top_p=case.top_p if case.top_p < 1 else None,
+        seed=case.seed, **options,
+    )
+
+
+def compare_cases(served, cases: list[Case], seed: int, check=None) -> set[str]:
+    """Every case batched with the others (fresh prompts per draw) and alone, against
+    the reference token for token, with its forwards and edits; `check(case, prompt,
+    want)` runs on each tie-free comparison.  Returns the cases that edited."""
     model_dir, runner = served
     ids = json.loads((Path(model_dir) / "generation_config.json").read_text())
     oracle = load_llada2_oracle(model_dir)
     edited = set()
 
     def compare_draw(draw: int, pending: list[Case]) -> list[Case]:
-        rng = random.Random(11 + draw)
+        rng = random.Random(seed + draw)
         prompts = [random_prompt(rng, case.prompt_len) for case in pending]
         batched = run(runner, prompts, pending)
         tied = []
@@ -114,11 +126,7 @@ def test_plugin_matches_the_reference_batched_and_alone_with_its_forwards(served
             alone = run(runner, [prompt], [case])[0]
             forwards, edits = runner._steps() - before, counter(runner, "edited_tokens") - edits_before
             assert alone == got, f"{case.name}: batching changed the output"
-            want = llada2_generate(
-                oracle, prompt, gen_length=case.max_tokens, mask_id=ids["mask_token_id"], eos_id=ids["eos_token_id"],
-                temperature=case.temperature, top_k=case.top_k or None, top_p=case.top_p if case.top_p < 1 else None,
-                seed=case.seed, **case.reference_options(),
-            )
+            want = reference(oracle, ids, case, prompt)
             if want.ties:
                 tied.append(case)
                 continue
@@ -133,11 +141,74 @@ def test_plugin_matches_the_reference_batched_and_alone_with_its_forwards(served
             assert edits == want.edits, f"{case.name}: {edits} edits counted, the reference made {want.edits}"
             if want.edits:
                 edited.add(case.name)
+            if check is not None:
+                check(case, prompt, want, lambda **overrides: reference(oracle, ids, case, prompt, **overrides))
         return tied
 
-    compare_each_case(CASES, compare_draw)
+    compare_each_case(cases, compare_draw)
+    return edited
+
+
+def test_plugin_matches_the_reference_batched_and_alone_with_its_forwards(served):
+    edited = compare_cases(served, CASES, 11)
     # The 2.1 cases do exercise token editing on this model.
     assert len(edited) >= 4, sorted(edited)
+
+
+# The parallel rules (decoding/parallel.py) in place of the official choice of masks,
+# with and without 2.1's editing, batched with requests of the official rule.
+PARALLEL_CASES = [
+    Case("threshold", 5, 24, {"block_length": 8, "steps": 8, "decoding": "threshold", "threshold": 0.3}),
+    Case("threshold, at most 2 a step", 9, 16,
+         {"block_length": 8, "steps": 8, "decoding": "threshold", "threshold": 0.05, "max_tokens_per_step": 2}),
+    Case("factor, steps > block (the quota's trailing zeros)", 8, 16,
+         {"block_length": 8, "steps": 16, "decoding": "factor", "factor": 1.5}),
+    Case("entropy_bound", 13, 16, {"block_length": 8, "steps": 8, "decoding": "entropy_bound", "gamma": 3.0}),
+    Case("hierarchy", 3, 20, {"block_length": 8, "steps": 8, "decoding": "hierarchy", "threshold": 0.5,
+                              "low_threshold": 0.05}),
+    Case("credit", 10, 16, {"block_length": 8, "steps": 4, "decoding": "credit", "threshold": 0.3}),
+    Case("credit sampled, top-k and top-p", 6, 16,
+         {"block_length": 8, "steps": 8, "decoding": "credit", "threshold": 0.2, "credit_alpha": 1.0},
+         temperature=0.8, seed=3, top_k=20, top_p=0.9),
+    Case("entropy_bound sampled", 11, 16, {"block_length": 8, "steps": 8, "decoding": "entropy_bound", "gamma": 4.0},
+         temperature=0.7, seed=5),
+    Case("2.1 quality, threshold", 13, 16, {"block_length": 8, "mode": "quality", "decoding": "threshold"}),
+    Case("2.1 speed, hierarchy", 4, 16, {"block_length": 8, "mode": "speed", "decoding": "hierarchy",
+                                         "low_threshold": 0.05, "max_post_steps": 4}),
+    Case("2.1, factor, two a step at least", 9, 16, {"block_length": 8, "editing_threshold": 0.5, "decoding": "factor",
+                                                    "factor": 1.5, "num_to_transfer": 2, "max_post_steps": 2}),
+    Case("2.1, entropy_bound", 16, 16, {"block_length": 8, "mode": "quality", "decoding": "entropy_bound",
+                                        "gamma": 3.0}),
+    Case("2.1 sampled, credit", 7, 16, {"block_length": 8, "mode": "quality", "decoding": "credit", "threshold": 0.4},
+         temperature=0.7, seed=9),
+    # The official rule in the same batches.
+    CASES[0],
+    CASES[5],
+]
+
+
+def test_parallel_rules_match_the_reference_batched_and_alone(served):
+    differs = set()
+
+    def check(case, prompt, want, reference_with):
+        # The rules do choose otherwise than the official rule on this model (the
+        # threshold rule is the official one up to >= for > and its one-a-step floor,
+        # so it may agree).
+        official = reference_with(decoding="fixed")
+        if (want.tokens, want.forwards_to_output) != (official.tokens, official.forwards_to_output):
+            differs.add(case.name)
+
+    edited = compare_cases(served, PARALLEL_CASES, 31, check)
+    assert len(differs) >= 7, sorted(differs)
+    assert {"2.1 quality, threshold", "2.1 speed, hierarchy"} <= edited, sorted(edited)
+    # A parameter the chosen rule does not read is refused (vLLM's validation error:
+    # HTTP 400 on the server).
+    from vllm.exceptions import VLLMValidationError
+
+    _, runner = served
+    bad = Case("bad", 4, 8, {"decoding": "factor", "threshold": 0.8}).params()
+    with pytest.raises(VLLMValidationError, match="'threshold' only applies with decoding 'fixed', 'threshold'"):
+        runner.engine.add_request("llada2-bad", {"prompt_token_ids": [5, 6, 7, 8]}, bad)
 
 
 def test_preempted_mid_block_resumes_with_the_same_tokens(tiny_dirs, monkeypatch):

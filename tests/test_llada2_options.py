@@ -1,5 +1,6 @@
 """LLaDA2.x options: the official generate()'s names and defaults, the 2.1 modes, the
-block-aligned canvas, refusals, and the LLaDA2.2 start-up check."""
+block-aligned canvas, parallel decoding's keys, refusals, and the LLaDA2.2 start-up
+check."""
 
 from __future__ import annotations
 
@@ -85,6 +86,51 @@ def test_refusals_name_the_problem(extra, message):
     with pytest.raises(OptionError) as error:
         options(extra)
     assert message in str(error.value)
+
+
+def test_parallel_decoding_takes_llada_keys_and_the_official_threshold():
+    assert options().decoding == "fixed"  # the official choice of masks
+    o = options({"decoding": "threshold", "max_tokens_per_step": 4})
+    # One `threshold` key: the official default (0.95) unless a level sets it.
+    assert (o.decoding, o.threshold, o.max_tokens_per_step) == ("threshold", 0.95, 4)
+    assert options({"decoding": "threshold", "threshold": 0.6}).threshold == 0.6
+    quality = options({"mode": "quality", "decoding": "hierarchy", "low_threshold": 0.2})
+    assert (quality.threshold, quality.low_threshold, quality.editing_threshold) == (0.7, 0.2, 0.5)
+    credit = options({"decoding": "credit", "credit_alpha": 1, "credit_decay": 0.5, "credit_boost": 0.1})
+    assert (credit.credit_alpha, credit.credit_decay, credit.credit_boost) == (1.0, 0.5, 0.1)
+    assert options({"decoding": "entropy_bound", "gamma": 2}).gamma == 2.0
+    # A server default rule and its parameter; a request may choose another rule, and a
+    # mode's threshold is not blamed on a rule that does not read one.
+    server = {"decoding": "factor", "factor": 0.5}
+    assert (options(server=server).decoding, options(server=server).factor) == ("factor", 0.5)
+    assert options({"decoding": "entropy_bound", "gamma": 0.5}, server=server).decoding == "entropy_bound"
+    assert options({"mode": "speed", "decoding": "factor"}).editing_threshold == 0.0
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"decoding": "greedy"},
+     "unknown decoding rule 'greedy': diffusion option 'decoding' must be fixed, threshold, factor, entropy_bound, "
+     "hierarchy or credit"),
+    ({"decoding": "factor", "threshold": 0.8},
+     "diffusion option 'threshold' only applies with decoding 'fixed', 'threshold', 'hierarchy' or 'credit', "
+     "but 'decoding' is 'factor'"),
+    ({"gamma": 0.5}, "diffusion option 'gamma' only applies with decoding 'entropy_bound', but 'decoding' is 'fixed'"),
+    ({"mode": "quality", "low_threshold": 0.2},
+     "diffusion option 'low_threshold' only applies with decoding 'hierarchy', but 'decoding' is 'fixed'"),
+    ({"max_tokens_per_step": 2},
+     "diffusion option 'max_tokens_per_step' only applies with a parallel decoding rule "
+     "(threshold, factor, entropy_bound, hierarchy or credit), but 'decoding' is 'fixed'"),
+    ({"decoding": "hierarchy", "low_threshold": 0.96},
+     "diffusion option 'low_threshold'=0.96 must not exceed 'threshold'=0.95 (decoding 'hierarchy')"),
+    ({"decoding": "credit", "credit_decay": 1.5}, "diffusion option 'credit_decay' must lie in [0, 1], got 1.5"),
+    ({"decoding": "factor", "factor": 0}, "diffusion option 'factor' must be > 0, got 0"),
+    ({"decoding": "threshold", "max_tokens_per_step": 1.5},
+     "diffusion option 'max_tokens_per_step' must be int, got float 1.5"),
+])
+def test_parallel_decoding_refusals_are_one_sentence(extra, message):
+    with pytest.raises(OptionError) as error:
+        options(extra)
+    assert str(error.value) == message
 
 
 def test_sampling_fields_are_vllms():

@@ -104,6 +104,10 @@ def test_chat_uses_the_ling_frame(server, client, model_dir):
     ({"cache": "dual"}, "unknown diffusion option 'cache' for llada2 models"),
     ({"mode": "fast"}, "unknown mode 'fast'"),
     ({"editing_threshold": 2}, "'editing_threshold' must lie in [0, 1]"),
+    ({"decoding": "entropy_bound", "threshold": 0.5},
+     "diffusion option 'threshold' only applies with decoding 'fixed', 'threshold', 'hierarchy' or 'credit', "
+     "but 'decoding' is 'entropy_bound'"),
+    ({"max_tokens_per_step": 2}, "'max_tokens_per_step' only applies with a parallel decoding rule"),
 ])
 def test_inapplicable_options_are_400s(server, client, xargs, message):
     resp = client.post("/v1/completions", json={

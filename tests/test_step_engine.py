@@ -99,6 +99,11 @@ def llada2(editing: float | None = None, T: float = 0.0) -> LLaDA2Options:
     (llada2(), 3),  # a block's first step: the finished block's final K/V too
     (llada2(editing=0.5), 1),  # token editing reads every generated position of the block
     (llada2(editing=0.5, T=0.8), 4),
+    # Parallel rules in place of the official choice of masks (threshold 1, low 1, a
+    # tiny gamma: still one a step), with and without editing.
+    (dataclasses.replace(llada2(), decoding="hierarchy", low_threshold=1.0), 1),
+    (dataclasses.replace(llada2(editing=0.5, T=0.8), decoding="credit"), 1),
+    (dataclasses.replace(llada2(editing=0.5), decoding="entropy_bound", gamma=1e-6), 1),
 ])
 def test_block_causal_step_op_count_does_not_grow_with_requests(options, warmup):
     counts = {}

@@ -19,6 +19,23 @@ block whose predicted token differs from its current one with probability above
 post step; the block ends after a step that started without masks and edited nothing,
 or when the next step would be post step number `max_post_steps` + 1.
 
+Parallel decoding (`decoding`, decoding/parallel.py: the same rule objects LLaDA and
+Dream use): a parallel rule replaces the official choice of which masks of the active
+block a step commits.  Without editing its floor is the 2.0 quota of the step (so a
+block still ends within `steps` steps, as its reference's does, and sooner when it has
+no masks left); with editing the rule picks the mask-to-token commits, its floor
+`num_to_transfer`, while token-to-token editing, post steps and the block's end stay
+exactly 2.1's.  That composition is the coherent one: 2.1's M2T choice is itself the
+2.0 threshold-with-a-quota choice (the official rule is `fixed` here, and both reduce
+to one count over the masks ranked by confidence), and editing reads only committed
+positions, so the two decisions never touch the same position; refusing the pair
+would refuse every 2.1 mode.  The rule sees only the block's masks: hierarchy's runs
+are runs of masks, credit accrues on masked rows only and entropy_bound's entropies
+rank masked rows only, so editing reads the model's plain prediction and probability
+of every committed position as 2.1 does.  Entropies are of the distribution the
+confidence is read from (the plain softmax at temperature 0, the tempered, filtered
+one when sampling).
+
 The mask id is never a prediction: the argmax and the draw leave it out (its
 probability still counts in every confidence).  The references allow it, and
 committing it leaves the position masked: under editing a model that keeps
@@ -36,7 +53,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_dllm.decoding import sampling
+from vllm_dllm.decoding import parallel, sampling
 from vllm_dllm.decoding.base import BatchedRule, DecodeState, StepPlan, register_rule
 from vllm_dllm.options import LLADA2, LLaDA2Options
 
@@ -83,6 +100,10 @@ class LLaDA2Rule(BatchedRule):
         self.top_k = zeros(torch.long)
         self.top_p = torch.ones(cap, dtype=torch.float32, device=device)
         self.filtered = False
+        self.parallel = parallel.ParallelParams(cap, device, state.canvas.shape[1])
+
+    def slot_holders(self) -> tuple:
+        return (self, self.parallel)
 
     def admit(self, slot: int, options: LLaDA2Options) -> None:
         self.block_length[slot] = options.block_length
@@ -95,11 +116,13 @@ class LLaDA2Rule(BatchedRule):
         self.post_steps[slot] = 0
         self.top_k[slot] = options.top_k or 0
         self.top_p[slot] = options.top_p or 1.0
+        self.parallel.admit(slot, options)
 
     def prepare(self, slots_host) -> None:
         super().prepare(slots_host)
         # Filters apply only when sampling (at T == 0 the references take the argmax).
         self.filtered = self.sampled
+        self.parallel.prepare(slots_host)
 
     def block_range(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[start, end) of each request's active block, in canvas positions."""
@@ -126,14 +149,18 @@ class LLaDA2Rule(BatchedRule):
     def reduce(self, logits, slots, positions):
         state = self.state
         mask = state.ids.mask
+        # Rows still masked: the only ones a parallel rule's credit or entropy touches.
+        masked = state.canvas[slots, positions] == mask if self.parallel.active else None
+        logits = self.parallel.fuse_credit(slots, positions, logits, masked)
         # Confidences are the model's probabilities, the mask's share included; only
         # the choice of token leaves the mask out.
         greedy = logits.clone()
         greedy[:, mask] = _LOWEST
         tokens = greedy.argmax(dim=-1)
-        confidence = torch.softmax(logits.float(), dim=-1).gather(1, tokens[:, None]).squeeze(1)
+        plain = torch.softmax(logits.float(), dim=-1)
+        confidence = plain.gather(1, tokens[:, None]).squeeze(1)
         if not self.sampled:
-            return tokens, confidence
+            return tokens, self.parallel.rank_by_entropy(slots, plain, confidence, masked)
         temperature = state.temperature[slots]
         hot = temperature > 0
         scaled = logits.double() / torch.where(hot, temperature, 1.0).double()[:, None]
@@ -145,21 +172,34 @@ class LLaDA2Rule(BatchedRule):
         drawn = sampling.inverse_cdf(drawable, u)
         tokens = torch.where(hot, drawn, tokens)
         drawn_conf = probs.gather(1, drawn[:, None]).squeeze(1).float()
-        return tokens, torch.where(hot, drawn_conf, confidence)
+        confidence = torch.where(hot, drawn_conf, confidence)
+        if not self.parallel.ranks_by_entropy:
+            return tokens, confidence
+        # The entropy of the distribution the confidence comes from (greedy rows: the
+        # plain softmax, computed as in a batch that does not sample).
+        confidence = self.parallel.rank_by_entropy(slots, plain, confidence, masked & ~hot)
+        return tokens, self.parallel.rank_by_entropy(slots, probs, confidence, masked & hot)
 
     def commit(self, slots: torch.Tensor, plan: StepPlan, tokens: torch.Tensor, confidence: torch.Tensor) -> None:
         state = self.state
         width = plan.candidates.shape[1]
         current = state.canvas[slots, :width]
         masked = plan.candidates & (current == state.ids.mask)
-        # Masks: all above the threshold when they reach the quota, else the quota's
-        # most confident (ties toward the lower position).
-        keys = torch.where(masked, confidence.double(), _LOWEST)
+        # Masks, officially: all above the threshold when they reach the quota, else
+        # the quota's most confident (ties toward the lower position).
+        high = (masked & (confidence > self.threshold[slots, None])).sum(dim=1)
+        official = torch.where(high >= plan.count, high, plan.count)
+        # A parallel rule ranks the masks (hierarchy: its selection first) and counts
+        # them instead, never below the quota: the masks' plan counts what `fixed`
+        # rows take and the quota for the others (parallel.commit_counts' floor).
+        fixed = self.parallel.rule[slots] == parallel.FIXED
+        masks = StepPlan(candidates=masked, count=torch.where(fixed, official, plan.count))
+        keys = self.parallel.ranking_keys(slots, masks, confidence).double()
         keys = torch.where(masked & (keys == _LOWEST), -torch.finfo(torch.float64).max, keys)
-        order = torch.sort(keys, dim=1, descending=True, stable=True).indices
+        keys = torch.where(masked, keys, _LOWEST)
+        ordered, order = torch.sort(keys, dim=1, descending=True, stable=True)
         rank = torch.empty_like(order).scatter_(1, order, torch.arange(width, device=keys.device).expand_as(order))
-        high = masked & (confidence > self.threshold[slots, None])
-        take = torch.where(high.sum(dim=1) >= plan.count, high.sum(dim=1), plan.count)
+        take = self.parallel.counts(slots, masks, ordered)
         commit = masked & (rank < take[:, None])
         edit = (plan.candidates & ~masked & self.editing[slots, None]
                 & (confidence > self.editing_threshold[slots, None]) & (tokens != current))

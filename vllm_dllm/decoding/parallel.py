@@ -40,12 +40,15 @@ from their published definitions:
                  position (a newcomer replaces the least), the same whenever a
                  position's top token changes fewer than CREDIT_SLOTS + 1 times.
 
-How they meet the fixed schedule (decoding/llada.py): a step commits at least the
-count the fixed schedule would (one per step when steps equal the canvas length, so
-the rules above are exactly the published ones), so a block never takes more than
-its fixed number of steps and the scheduler's step bound holds; and at most
-`max_tokens_per_step` (0: no cap) unless that floor needs more.  A block ends as soon
-as it has no masks left.
+How they meet the fixed schedule (decoding/llada.py, dream.py, llada2.py): a step
+commits at least the count the fixed schedule would (one per step when steps equal
+the canvas length, so the rules above are exactly the published ones), so a block
+never takes more than its fixed number of steps and the scheduler's step bound
+holds; and at most `max_tokens_per_step` (0: no cap) unless that floor needs more.
+A block ends as soon as it has no masks left.  On LLaDA2.x the rules choose among
+the active block's masks in place of the official quota/threshold choice, with the
+official quota as the floor (decoding/llada2.py; under 2.1's editing they pick the
+mask-to-token commits only).
 """
 
 from __future__ import annotations
@@ -281,13 +284,18 @@ class ParallelParams:
     def row_parameters(self, slots: torch.Tensor) -> RowParameters:
         return RowParameters(self.threshold[slots], self.factor[slots], self.gamma[slots], self.low_threshold[slots])
 
-    def fuse_credit(self, slots: torch.Tensor, positions: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    def fuse_credit(self, slots: torch.Tensor, positions: torch.Tensor, logits: torch.Tensor,
+                    masked: torch.Tensor | None = None) -> torch.Tensor:
         """Credit requests' logits with their positions' credit added, after this
         step's decay and gain (rows are (slot, canvas position) candidates, each
-        once per step)."""
+        once per step).  `masked` (bool per row, default all): the rows whose
+        position is still masked, the only ones credit reads or changes (LLaDA2.1's
+        candidates include committed positions, which it may edit)."""
         if not self.credits:
             return logits
         uses = self._rows_of(slots, "carries_credit")
+        if masked is not None:
+            uses = uses & masked
         tokens = self.credit_tokens[slots, positions]  # [N, K]
         values = self.credit_values[slots, positions] * self.credit_decay[slots, None]
         top_p, top = torch.softmax(logits.float(), dim=-1).max(dim=-1)
@@ -303,11 +311,16 @@ class ParallelParams:
         boost = self.credit_alpha[slots, None] * torch.log1p(values) * uses[:, None]
         return logits.scatter_add(1, tokens.clamp(min=0), (boost * (tokens >= 0)).to(logits.dtype))
 
-    def rank_by_entropy(self, slots: torch.Tensor, probs: torch.Tensor, confidence: torch.Tensor) -> torch.Tensor:
-        """entropy_bound requests rank their candidates by negated entropy."""
+    def rank_by_entropy(self, slots: torch.Tensor, probs: torch.Tensor, confidence: torch.Tensor,
+                        masked: torch.Tensor | None = None) -> torch.Tensor:
+        """entropy_bound requests rank their candidates by negated entropy (only the
+        rows in `masked` when given: the others keep their confidence)."""
         if not self.ranks_by_entropy:
             return confidence
-        return torch.where(self._rows_of(slots, "ranks_by_entropy"), -entropy(probs).to(confidence.dtype), confidence)
+        rows = self._rows_of(slots, "ranks_by_entropy")
+        if masked is not None:
+            rows = rows & masked
+        return torch.where(rows, -entropy(probs).to(confidence.dtype), confidence)
 
     def ranking_keys(self, slots: torch.Tensor, plan, keys: torch.Tensor) -> torch.Tensor:
         """Keys of the requests whose rule reranks (hierarchy: its selection first)."""

@@ -15,7 +15,8 @@ The package, one job a module:
                KV-cache and parallel-decoding options, blocks, the Family record;
   llada.py     LLaDA's options, keys, paper defaults and resolver;
   dream.py     Dream's options, keys, paper defaults, filters and resolver;
-  llada2.py    LLaDA2.x's options (block diffusion, token editing, modes) and resolver;
+  llada2.py    LLaDA2.x's options (block diffusion, token editing, modes, the parallel
+               decoding keys with its own `threshold`) and resolver;
   registry.py  the families by kind, and what dispatches on the kind.
 This module is the public surface: import from `vllm_dllm.options`.
 """

@@ -267,14 +267,16 @@ DECODING_PARAMETERS = {
 }
 
 
-def _check_decoding(merged: dict[str, Any], given: dict[str, Any], prefix: str, clash: str | None) -> None:
+def _check_decoding(merged: dict[str, Any], given: dict[str, Any], prefix: str, clash: str | None,
+                    parameters: dict[str, tuple[str, ...]] = DECODING_PARAMETERS) -> None:
     """A rule's parameter without that rule, or a parallel rule with a family setting
     whose ranking is not the model's confidence (`clash`, as the family words it:
     LLaDA's random remasking, whose 'confidences' are uniform draws, say), would be
     silently ignored or meaningless.  As for the cache knobs, only values set at this
-    level are refused."""
+    level are refused.  `parameters`: the rules that read each parameter, where a
+    family's own rule reads one too (LLaDA2's official rule reads `threshold`)."""
     rule = merged["decoding"]
-    for parameter, rules in DECODING_PARAMETERS.items():
+    for parameter, rules in parameters.items():
         if parameter in given and rule not in rules:
             raise OptionError(
                 f"{prefix}diffusion option '{parameter}' only applies with decoding {_one_of(tuple(map(repr, rules)))}, "

@@ -8,6 +8,13 @@ that sets it (generation_config.json, the server, a request): keys set at the sa
 level win over it, and the next level wins over both.  Defaults otherwise: generation_config.json,
 then the official function's (block_length 32, steps 32, threshold 0.95, ...).
 
+Parallel decoding (`decoding` and its parameters, decoding/parallel.py) takes the
+same keys, types and checks as on LLaDA, with one difference: `threshold` is already
+the official rule's, so it is one key read by `fixed` (the official quota/threshold
+choice), `threshold`, `hierarchy` and `credit`, with the official default 0.95 (or the
+mode's), and refused at the level that sets it only with `factor` or `entropy_bound`.
+The rules compose with 2.1's token editing (decoding/llada2.py says how and why).
+
 The canvas is block-aligned (decoding/llada2.py): `placed(prompt_len)` fixes where
 the prompt's partial last block leaves the first generated position.
 """
@@ -19,12 +26,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_dllm.options.common import (
+    _PARALLEL_KEYS,
+    DECODING_PARAMETERS,
+    PARALLEL_DEFAULTS,
     CanvasPlacement,
     Family,
     KVCacheOptions,
     OptionError,
+    ParallelDecodingOptions,
     ResolveInput,
+    _check_decoding,
     _one_of,
+    _parallel_options,
 )
 
 LLADA2 = "llada2"
@@ -51,6 +64,7 @@ LLADA2_KEYS: dict[str, tuple[type, ...]] = {
     "max_post_steps": (int,),
     "num_to_transfer": (int,),
     "mode": (str,),
+    **_PARALLEL_KEYS,  # threshold: the same (int, float) as above
 }
 
 LLADA2_DEFAULTS: dict[str, Any] = {
@@ -63,15 +77,22 @@ LLADA2_DEFAULTS: dict[str, Any] = {
     "max_post_steps": 16,
     "num_to_transfer": 1,
     "mode": None,
+    **{name: value for name, value in PARALLEL_DEFAULTS.items() if name != "threshold"},
 }
+
+# The rules that read each parallel decoding parameter: LLaDA's, and the official
+# rule (`fixed`) reads `threshold` too.
+LLADA2_DECODING_PARAMETERS = {**DECODING_PARAMETERS, "threshold": ("fixed", *DECODING_PARAMETERS["threshold"])}
 
 
 @dataclass(frozen=True)
-class LLaDA2Options(CanvasPlacement, KVCacheOptions):
+class LLaDA2Options(CanvasPlacement, KVCacheOptions, ParallelDecodingOptions):
     max_tokens: int
     block_length: int
     steps: int
-    threshold: float
+    # The official rule's, and the parallel rules' that read one (ParallelDecodingOptions
+    # declares it keyword-only; the default here is the official function's).
+    threshold: float = dataclasses.field(default=LLADA2_DEFAULTS["threshold"], kw_only=True)
     minimal_topk: int
     eos_early_stop: bool  # the output is the same either way: a request ends at its first final EOS
     editing_threshold: float | None  # None: LLaDA2.0 decoding, no token editing
@@ -161,8 +182,11 @@ def resolve_llada2(r: ResolveInput) -> LLaDA2Options:
         raise OptionError(
             f"minimal_topk={merged['minimal_topk']} is more than the generation length (max_tokens={r.gen_length})"
         )
+    # Only what the request sets is refused: a mode's threshold is not blamed.
+    _check_decoding(merged, r.given, "", None, LLADA2_DECODING_PARAMETERS)
     editing = merged["editing_threshold"]
     return LLaDA2Options(
+        **{name: value for name, value in _parallel_options(merged).items() if name != "threshold"},
         max_tokens=r.gen_length,
         block_length=block_length,
         steps=r.steps,
