@@ -146,6 +146,38 @@ def test_a_shared_prefix_is_prefilled_once_with_the_same_tokens(served):
     compare_until(2, compare)
 
 
+def test_the_next_turn_of_a_chat_finds_the_previous_answer_cached(served):
+    """A first turn's prompt (120 tokens) fills no KV block, but its answer's finished
+    blocks complete one: the next turn (prompt, answer, a new message) starts after
+    those 128 positions and decodes as it does without the cache."""
+    model_dir, runner = served
+    case = Case("2.0", 0, 40, {"block_length": BLOCK, "steps": BLOCK})
+    rng = random.Random(11)
+
+    def compare(draw: int) -> bool:
+        first_prompt = random_prompt(rng, 120)
+        runner.engine.reset_prefix_cache()
+        (answer,), _ = run(runner, [first_prompt], [case])
+        if len(answer) < case.max_tokens:  # ended early at EOS: its blocks may not reach 128
+            return False
+        second = first_prompt + answer + random_prompt(rng, 20)
+        want = reference(model_dir, case, second)
+        if want.ties:
+            return False
+        before = query_tokens(runner)
+        (warm,), _ = run(runner, [second], [case])
+        warm_tokens = query_tokens(runner) - before
+        runner.engine.reset_prefix_cache()
+        before = query_tokens(runner)
+        (cold,), _ = run(runner, [second], [case])
+        cold_tokens = query_tokens(runner) - before
+        assert cold == warm == want.tokens, f"cold {cold}, warm {warm}, reference {want.tokens}"
+        assert cold_tokens - warm_tokens == KV_BLOCK, (cold_tokens, warm_tokens)
+        return True
+
+    compare_until(1, compare)
+
+
 # ---- the pieces, without vLLM --------------------------------------------------
 
 
@@ -165,6 +197,23 @@ def test_a_chunked_prefill_is_priced_step_by_step():
     assert costs == (24, 24, 8, 8, 8, 16, 8, 8, 8, 16, 8, 8, 8)
     cached = RequestTrack(options, 43, blocks=1, chunk=CHUNK, prefilled=32)
     assert cached.tokens == 16 and cached.profile()[0] == 16
+
+
+def test_only_final_kv_is_offered_to_the_prefix_cache():
+    from vllm_dllm.options import LLaDA2Options
+    from vllm_dllm.scheduler.scheduler import RequestTrack
+
+    options = LLaDA2Options(
+        max_tokens=40, block_length=BLOCK, steps=4, threshold=0.95, minimal_topk=1, eos_early_stop=False,
+        editing_threshold=None, max_post_steps=16, num_to_transfer=1, temperature=0.0, top_k=None, top_p=None,
+    ).placed(43)
+    track = RequestTrack(options, 43, blocks=1, chunk=CHUNK, prefilled=24)
+    assert track.exact_prefix() == 24  # mid-prefill: what the chunks wrote
+    track.has_cache = True
+    for (block, block_step), exact in [((0, 1), 40), ((1, 0), 40), ((1, 2), 48), ((2, 0), 48), ((3, 1), 64)]:
+        # The prompt's whole blocks [0, 40); a canvas block once its successor ran a step.
+        track.block, track.block_step = block, block_step
+        assert track.exact_prefix() == exact, (block, block_step)
 
 
 def test_prefill_chunk_steps_cost_the_same_ops_for_any_number_of_requests():

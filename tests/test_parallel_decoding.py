@@ -325,12 +325,11 @@ def test_scheduler_prices_the_reported_progress_and_bounds_the_rest_by_the_sched
     track = RequestTrack(options, prompt_len=10, blocks=1)
     assert track.tokens == 42  # no cache yet: a Refresh of prompt + canvas
     assert len(track.profile()) == options.steps  # the fixed schedule: 4 blocks x 8 steps
-    track.advance((0, 1))
-    track.has_cache = True
-    assert track.tokens == 8  # a Reuse of the first block
-    track.advance((1, 0))  # the block had no masks left after two steps
+    track.advance(track.phase(), (0, 1))
+    assert track.has_cache and track.tokens == 8  # the Refresh filled the cache: a Reuse of the first block
+    track.advance(track.phase(), (1, 0))  # the block had no masks left after two steps
     assert track.tokens == 42  # the next block starts with a Refresh
     profile = track.profile()
     assert len(profile) == 3 * 8 and profile[0] == 42 and profile[1] == 8
-    track.advance(None)  # no report (an engine without one): the fixed schedule's next step
+    track.advance(track.phase(), None)  # no report (an engine without one): the fixed schedule's next step
     assert (track.block, track.block_step) == (1, 1)

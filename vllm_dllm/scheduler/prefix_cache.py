@@ -3,16 +3,17 @@ a request may take.
 
 A block-causal model's K/V at a position depend on the tokens up to the end of that
 position's diffusion block (a block attends to itself and to earlier blocks).  vLLM
-hashes its KV blocks by the tokens up to each KV block's end and caches a request's
-full prompt KV blocks when it admits it.  So a hit is exact only up to a boundary that
-is a whole number of diffusion blocks (the tokens a K/V depends on are all inside the
-hashed prefix) and of KV blocks (vLLM shares whole KV blocks), and inside the
-prompt's whole diffusion blocks of the request that wrote them: the prompt's last,
-partial diffusion block is denoised with the canvas, so its K/V depend on generated
-tokens, and a finished request's last canvas block keeps K/V of a step that still had
-masks.  Every KV block a request shares lies below that boundary, and a request
-never writes below its own boundary (its first step starts there), so shared blocks
-are never rewritten.
+hashes its KV blocks by the tokens up to each KV block's end.  The scheduler hands
+vLLM a request's KV blocks only once their K/V are final (RequestTrack.exact_prefix:
+the prompt's whole diffusion blocks, then each canvas block once the next one has run
+a step, which rewrote it from its final tokens), so a cached block holds the K/V of
+its hashed tokens, and a multi-turn chat's next prompt finds its earlier answers too.
+A hit is exact only up to a boundary that is a whole number of diffusion blocks (the
+tokens a K/V depends on are all inside the hashed prefix) and of KV blocks (vLLM
+shares whole KV blocks), inside the new prompt's whole diffusion blocks (its partial
+last block is denoised with its canvas).  Every KV block a request shares lies below
+that boundary, and a request never writes below its own boundary (its first step
+starts there), so shared blocks are never rewritten.
 """
 
 from __future__ import annotations

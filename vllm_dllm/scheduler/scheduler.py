@@ -51,6 +51,7 @@ class RequestTrack:
     evicted: bool = False  # preemption freed its cache: the next step rebuilds or refreshes it
     prefilled: int = 0  # block-causal, no cache yet: positions whose K/V its blocks hold
     chunk: int = 0  # block-causal: the server's prefill chunk (phases.block_causal_phase)
+    cached: int = 0  # block-causal: positions offered to vLLM's prefix cache so far
 
     @property
     def canvas(self) -> int:
@@ -98,6 +99,17 @@ class RequestTrack:
                     prefilled = phase.query_end
                 has_cache, rebuild = has_cache or phase.refresh, 0
         return tuple(costs)
+
+    def exact_prefix(self) -> int:
+        """Block-causal: leading positions whose K/V in its blocks are final (written
+        from their final tokens, never written again): the prefill so far, then the
+        prompt's whole blocks and every canvas block whose successor has run a step
+        (that step rewrote it from its final tokens)."""
+        if not self.has_cache:
+            return self.prefilled
+        length = self.options.block_length
+        whole = self.prompt_len - self.prompt_len % length
+        return whole + max(self.block - (self.block_step == 0), 0) * length
 
     def advance(self, phase: StepPhase, reported: tuple[int, int] | None) -> None:
         """After a step of `phase`: the runner's report of (block, step in block), or
@@ -216,6 +228,20 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
         hit = usable_prefix(found[1], track.prompt_len, track.options.block_length, self.block_size)
         return hit, (leading_blocks(found[0], hit, self.block_size) if hit else None)
 
+    def _offer_to_prefix_cache(self, req_id: str, track: RequestTrack) -> None:
+        """Hand vLLM's prefix cache the KV blocks of a block-causal request that hold
+        final K/V of its tokens (prompt, then finished canvas blocks: a multi-turn
+        chat's next prompt finds its earlier turns), never blocks still written."""
+        if not (self.kv_cache_manager.enable_caching and is_block_causal(track.options)):
+            return
+        request = self.requests.get(req_id)
+        exact = track.exact_prefix()
+        if request is None or exact <= track.cached:
+            return
+        track.cached = exact
+        # vLLM hashes only tokens it holds: the output streamed so far.
+        self.kv_cache_manager.cache_blocks(request, min(exact, request.num_tokens))
+
     def _preempt_for(self, newcomer: Request) -> None:
         """Under priority scheduling, free KV for a higher-priority request by
         preempting lower-priority running ones.  Their canvases stay in the worker;
@@ -246,7 +272,7 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             # A block-causal request recomputes its prefix from its tokens instead.
             track.evicted = track.evicted or (track.has_cache and keeps_cache_over_preemption(track.options))
             track.has_cache = False
-            track.prefilled = 0
+            track.prefilled = track.cached = 0
         super()._preempt_request(request, timestamp, drop_stale_output)
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
@@ -273,6 +299,8 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             if self.kv_cache_manager.allocate_slots(
                 request, track.blocks * self.block_size - hit, num_new_computed_tokens=hit,
                 new_computed_blocks=cached, has_scheduled_reqs=False,
+                # Blocks enter the prefix cache once their K/V are final (_offer_to_prefix_cache).
+                delay_cache_blocks=True,
             ) is None:
                 # The pool's own accounting disagrees with the plan: wait for frees.
                 for later in plan.admitted[plan.admitted.index(req_id):]:
@@ -370,6 +398,7 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             if not phase.decodes:  # a prefill chunk: K/V only, no denoising
                 stats.denoising_steps -= 1
                 track.advance(phase, None)
+                self._offer_to_prefix_cache(req_id, track)
                 continue
             stats.canvas_positions += track.canvas
             if phase.refresh:
@@ -381,6 +410,7 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             block = track.block
             track.advance(phase, progress[index] if progress is not None and index is not None else None)
             stats.completed_blocks += max(track.block - block, 0)
+            self._offer_to_prefix_cache(req_id, track)
         return stats
 
     def make_stats(self, spec_decoding_stats=None, *args, **kwargs):
