@@ -20,6 +20,13 @@ Configurations (server-wide `--additional-config '{"dllm": ...}'`):
      context; a request reserves KV for kept + block slots, not its whole sequence)
   s3 (c) with the sparse KV cache, retention 0.3
 
+LLaDA2 configurations (`--arch llada2`: a generated LLaDA2-format MoE model; block
+diffusion has no cache policy to choose, the prefix cache and chunked prefill are on):
+  l20  LLaDA2.0's official rule (threshold 0.95), greedy admission
+  l20l l20 with lookahead admission
+  l21q LLaDA2.1 quality mode (token editing), greedy admission
+  l21s LLaDA2.1 speed mode, greedy admission
+
 KV usage: while each `vllm bench serve` run is in flight a background thread polls
 /metrics (every --poll-interval s) for vLLM's gauges vllm:kv_cache_usage_perc and
 vllm:num_requests_running / _waiting; results record their peak and mean (table.md:
@@ -57,6 +64,10 @@ CONFIGS = {
     "e": {"cache": "dual", "admission": "greedy", "decoding": "threshold", "threshold": 0.9},
     "s5": {"cache": "sparse", "admission": "greedy", "retention": 0.5},
     "s3": {"cache": "sparse", "admission": "greedy", "retention": 0.3},
+    "l20": {"admission": "greedy"},
+    "l20l": {"admission": "lookahead"},
+    "l21q": {"admission": "greedy", "mode": "quality"},
+    "l21s": {"admission": "greedy", "mode": "speed"},
 }
 LABELS = {
     "a": "(a) exact, static batching",
@@ -66,6 +77,10 @@ LABELS = {
     "e": "(e) (c) + threshold decoding",
     "s5": "(s5) (c) + sparse KV, retention 0.5",
     "s3": "(s3) (c) + sparse KV, retention 0.3",
+    "l20": "(l20) LLaDA2.0 rule, greedy",
+    "l20l": "(l20l) LLaDA2.0 rule, lookahead",
+    "l21q": "(l21q) LLaDA2.1 quality, greedy",
+    "l21s": "(l21s) LLaDA2.1 speed, greedy",
 }
 # Shapes after the dLLM-Serve paper's workloads, scaled to a 2-core CPU.
 WORKLOADS = {
@@ -323,7 +338,9 @@ def write_report(results: dict, out: pathlib.Path, baseline: str = "b") -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="checkpoint (default: a generated LLaDA-format model)")
+    ap.add_argument("--model", default=None, help="checkpoint (default: a generated model of --arch)")
+    ap.add_argument("--arch", default="llada", choices=["llada", "llada2"],
+                    help="format of the generated model (configs l20, l20l, l21q, l21s need llada2)")
     ap.add_argument("--out", type=pathlib.Path, default=ROOT / "benchmarks" / "results" / "latest")
     ap.add_argument("--configs", default="a,b,c,d")
     ap.add_argument("--workloads", default="burst,osc,livebench")
@@ -347,7 +364,7 @@ def main(argv=None) -> int:
     if model is None:
         from vllm_dllm.tools.make_tiny import make_tiny
 
-        model = str(make_tiny("llada", args.out / "model", seed=0, hidden=args.hidden, layers=args.layers,
+        model = str(make_tiny(args.arch, args.out / "model", seed=0, hidden=args.hidden, layers=args.layers,
                               heads=args.hidden // 64, intermediate=args.hidden * 3, max_len=args.max_model_len))
     results: dict[str, list[dict]] = {}
     for config in args.configs.split(","):

@@ -17,6 +17,13 @@ context; the LM head + LLaDA rule over N x 32 rows at T = 0 and T = 1; on CUDA, 
 Reuse step of 1 request with CUDA graphs (ours: the engine replaying its captured
 forward; ideal: the whole ideal step captured in one graph).
 
+LLaDA2 (block-causal) decode step of N requests (16 and 64): each request's active
+block, the last 32 positions of its context, over the cached prefix, through the
+engine's block-causal phase and the LLaDA2.0 rule (threshold 1: one token a step, so
+every measured step is an in-block step); ideal: the same forward of the last block
+over dense K/V with an argmax head.  The body is the same dense stand-in: LLaDA2's MoE
+runs in vLLM's FusedMoE, the same kernel for ours and an ideal step, so it is left out.
+
 Sparse vs dense Reuse attention (issue 12): one layer's attention of a Reuse step of
 16 requests x 32-query blocks over a context L, dense (cache dual: each query block
 attends over all L positions) against sparse (cache sparse, retention 0.3: over the
@@ -52,7 +59,7 @@ from vllm_dllm.engine.op_count import OpCounter  # noqa: E402
 from vllm_dllm.engine.step_inputs import build_step_inputs  # noqa: E402
 from vllm_dllm.engine.torch_model import LLADA_8B, ModelShape, build_model, rms_norm  # noqa: E402
 from vllm_dllm.kv_footprint import sequence_slots  # noqa: E402
-from vllm_dllm.options import LLaDAOptions  # noqa: E402
+from vllm_dllm.options import LLaDA2Options, LLaDAOptions  # noqa: E402
 
 BLOCK = 32
 BLOCK_SIZE = 16
@@ -97,12 +104,12 @@ class Timer:
 
 
 def make_engine(model, requests: int, context: int, device, max_num_logits: int = 1024,
-                cuda_graphs: bool = False) -> StepEngine:
+                cuda_graphs: bool = False, kind: str = "llada") -> StepEngine:
     blocks = -(-context // BLOCK_SIZE)
     model.allocate_kv_pool(requests * blocks + 1, BLOCK_SIZE, next(model.parameters()).dtype, device)
     vocab = model.shape.vocab_size
     return StepEngine(
-        model, kind="llada", ids=SpecialIds(mask=vocab - 1, eos=vocab - 2, eot=vocab - 3), capacity=requests,
+        model, kind=kind, ids=SpecialIds(mask=vocab - 1, eos=vocab - 2, eot=vocab - 3), capacity=requests,
         max_model_len=context, block_size=BLOCK_SIZE, max_num_logits=max_num_logits,
         backend=select_backend(device), device=device, cuda_graphs=cuda_graphs,
     )
@@ -117,6 +124,32 @@ def add(engine: StepEngine, requests: int, context: int, gen: int, cache: str, t
                    block_ids=list(range(1 + i * blocks, 1 + (i + 1) * blocks)))
         ids.append(f"r{i}")
     return ids
+
+
+def llada2_options(gen: int) -> LLaDA2Options:
+    # Threshold 1 is never exceeded: one token a step, the block stays open.
+    return LLaDA2Options(
+        max_tokens=gen, block_length=BLOCK, steps=BLOCK, threshold=1.0, minimal_topk=1, eos_early_stop=False,
+        editing_threshold=None, max_post_steps=16, num_to_transfer=1, temperature=0.0, top_k=None, top_p=None,
+    )
+
+
+def ours_llada2(model, requests, context, timer, reps, device):
+    """An in-block LLaDA2 step: each request's last block over its cached prefix."""
+    if reps + 3 > BLOCK:
+        raise ValueError(f"at most {BLOCK - 3} repetitions keep every measured step inside one block")
+    engine = make_engine(model, requests, context, device, kind="llada2")
+    blocks = -(-context // BLOCK_SIZE)
+    ids = []
+    for i in range(requests):
+        prompt = [(17 * i + j) % 1000 + 10 for j in range(context - BLOCK)]
+        engine.add(f"r{i}", prompt, llada2_options(BLOCK), seed=i,
+                   block_ids=list(range(1 + i * blocks, 1 + (i + 1) * blocks)))
+        ids.append(f"r{i}")
+    engine.step(ids)  # the prompt's blocks with the first step; every later step is the block alone
+    ms = timer.median_ms(lambda: engine.step(ids), reps)
+    release(model)
+    return ms
 
 
 def release(model) -> None:
@@ -390,13 +423,16 @@ def main() -> None:
     if args.smoke:
         shape, dtype, contexts, reuse_requests, refresh_contexts, head_requests = (
             TOY, torch.float32 if device.type == "cpu" else torch.bfloat16, (64,), (1, 4), (64,), 4)
+        llada2_requests = (1, 4)
         args.sparse_contexts, args.sparse_requests, args.reps = "256", 4, args.reps or 1
     elif args.small:
         shape, dtype, contexts, reuse_requests, refresh_contexts, head_requests = (
             SMALL, torch.float32, (128, 512), (1, 4, 16, 64), (128, 512), 16)
+        llada2_requests = (16, 64)
     else:
         shape, dtype, contexts, reuse_requests, refresh_contexts, head_requests = (
             LLADA_8B, torch.bfloat16, (512, 2048), (1, 4, 16, 64), (512, 4096), 16)
+        llada2_requests = (16, 64)
     reps = args.reps or (5 if device.type == "cpu" else 20)
     timer = Timer(device)
     torch.set_grad_enabled(False)
@@ -448,6 +484,10 @@ def main() -> None:
                 print(f"skip reuse {requests} x {context}: KV does not fit twice", flush=True)
                 continue
             record("reuse", requests, context, ours_reuse(model, requests, context, timer, reps, device),
+                   ideal_reuse(model, requests, context, timer, reps, device))
+    for context in contexts:
+        for requests in llada2_requests:
+            record("llada2_step", requests, context, ours_llada2(model, requests, context, timer, reps, device),
                    ideal_reuse(model, requests, context, timer, reps, device))
     if device.type == "cuda" and contexts:
         record("reuse_graphed", 1, contexts[0],

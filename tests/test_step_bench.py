@@ -30,7 +30,7 @@ def test_step_bench_runs_every_case_without_vllm(tmp_path):
     result = json.loads((tmp_path / "results.json").read_text())
     assert {"device", "torch", "shape", "cases", "op_counts", "sparse_reuse_attention"} <= set(result)
     cases = {c["case"] for c in result["cases"]}
-    assert {"refresh", "reuse", "head_T0", "head_T1"} <= cases
+    assert {"refresh", "reuse", "llada2_step", "head_T0", "head_T1"} <= cases
     for case in result["cases"]:
         assert set(case) == {"case", "requests", "context", "ours_ms", "ideal_ms", "ratio"}
         assert case["ours_ms"] > 0 and case["ideal_ms"] > 0

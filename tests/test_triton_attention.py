@@ -40,6 +40,7 @@ class Seq:
     q_len: int
     kv_len: int
     twin_of: int | None = None  # share this sequence's block row, right after its KV
+    segment_of: int | None = None  # share this sequence's block row and KV start (a block-causal segment)
 
 
 @dataclass
@@ -58,6 +59,19 @@ class Case:
 
 
 CASES = [
+    Case(
+        "block_causal_segments_f32",
+        "float32",
+        4,
+        2,
+        16,
+        16,
+        # LLaDA2 steps cut into per-block segments over one request's row: a prefill
+        # of three blocks of 8 and a boundary step (finished block + active block).
+        [Seq(8, 8), Seq(8, 16, segment_of=0), Seq(8, 24, segment_of=0),
+         Seq(8, 40), Seq(8, 48, segment_of=3)],
+        seed=7,
+    ),
     Case(
         "gqa_f32_bs16_twin",
         "float32",
@@ -156,7 +170,10 @@ def build_inputs(case: Case, device: str):
     row_of = list(range(len(case.seqs)))
     row_len = {}
     for s, seq in enumerate(case.seqs):
-        if seq.twin_of is None:
+        if seq.segment_of is not None:
+            row_of[s] = seq.segment_of
+            row_len[seq.segment_of] = max(row_len[seq.segment_of], seq.kv_len)
+        elif seq.twin_of is None:
             row_len[s] = seq.kv_len
         else:
             p = case.seqs[seq.twin_of]
