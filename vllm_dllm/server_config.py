@@ -61,14 +61,9 @@ def server_defaults(vllm_config) -> ServerDefaults:
     return ServerDefaults.from_dict(vllm_config.additional_config[RESOLVED_KEY])
 
 
-# Architectures decoded as another's family: LLaDA-MoE is LLaDA with another body
-# (same options, same rules), and the LLaDA family names LLaDA-8B's architecture.
-DECODED_AS = dict.fromkeys(LLADA_MOE_ARCHITECTURES, "LLaDAModelLM")
-
 
 def served_kind(model_config) -> str | None:
     for arch in getattr(model_config.hf_config, "architectures", None) or []:
-        arch = DECODED_AS.get(arch, arch)
         if arch in ARCHITECTURE_KINDS:
             return ARCHITECTURE_KINDS[arch]
     return None
@@ -159,7 +154,7 @@ class DiffusionConfigHook:
                 "vllm-dllm does not support pipeline parallelism: a denoising step needs "
                 "the whole model; use tensor parallelism"
             )
-        moe = kind == LLADA2 or any(a in DECODED_AS for a in model_config.hf_config.architectures or [])
+        moe = kind == LLADA2 or any(a in LLADA_MOE_ARCHITECTURES for a in model_config.hf_config.architectures or [])
         if parallel.data_parallel_size > 1 and moe:
             # vLLM's MoE layers coordinate every forward across data-parallel ranks;
             # our runner has no dummy step for an idle rank to join with.

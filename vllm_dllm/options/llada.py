@@ -138,7 +138,8 @@ def resolve_llada(r: ResolveInput) -> LLaDAOptions:
 FAMILY = Family(
     kind=LLADA,
     name="LLaDA",
-    architectures=("LLaDAModelLM",),
+    # LLaDA-MoE-7B-A1B is LLaDA with another body: the same options and rules.
+    architectures=("LLaDAModelLM", "LLaDAMoEModelLM", "LLaDAMoeModelLM", "LLaDAMoEModel"),
     request_keys=LLADA_KEYS,
     paper_defaults=LLADA_DEFAULTS,
     resolve=resolve_llada,
