@@ -250,6 +250,7 @@ def llada_generate(
     delay_step: int = 0,
     decoding: str = "fixed",
     sparse: dict | None = None,
+    commit_logits: dict[int, torch.Tensor] | None = None,
     **rule_params: float,
 ) -> OracleResult:
     """LLaDA `generate` (MODEL_SPEC section 3) with an optional KV-cache policy and
@@ -270,6 +271,9 @@ def llada_generate(
     entropy bound): a step commits the rule's count of the block's masked positions
     (see `parallel_count`), at least the fixed schedule's count, and the block ends
     as soon as it has no masks left.
+
+    `commit_logits`, if given, receives per canvas position the model's logits
+    (after CFG, before any rule edits them) at the step that committed it.
     """
     threshold, factor, gamma, low_threshold, credit_alpha, credit_decay, credit_boost, max_tokens_per_step = (
         parallel_parameters(rule_params)
@@ -335,6 +339,7 @@ def llada_generate(
                 logits = _cfg_combine(both, 1, cfg_scale) if cfg_scale > 0.0 else both
             phases.append("refresh" if refresh else "reuse")
             query_tokens.append(n_query * n_rows)
+            model_logits = logits.clone() if commit_logits is not None else None
             if logits_eos_inf:
                 logits[:, :, eos_id] = -math.inf
             if decoding == "credit":
@@ -403,6 +408,9 @@ def llada_generate(
                 ties += int(_cut_is_tied(confidence[0], k))
                 ties += sum(int(argmax_tied.get(int(p), False)) for p in select)
                 x[0, select] = x0[0, select]
+                if commit_logits is not None:
+                    for p in select.tolist():
+                        commit_logits[p - prompt_len] = model_logits[0, p]
             global_step += 1
 
     return OracleResult(

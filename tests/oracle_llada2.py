@@ -228,6 +228,7 @@ def llada2_generate(
     num_to_transfer: int = 1,
     seed: int = 0,
     decoding: str = "fixed",
+    commit_logits: dict | None = None,
     **rule_params: float,
 ) -> Llada2Result:
     """LLaDA2.0's generate (editing_threshold None) or LLaDA2.1's (set).  Draws at
@@ -241,7 +242,10 @@ def llada2_generate(
     step; 2.1's num_to_transfer), among the active block's masks only.  Everything
     else is unchanged: the block's end (2.0: no masks, or `steps` steps), 2.1's edits
     of committed positions (plain logits: credit fuses the masked rows only) and its
-    post steps.  Credit is dInfer's dense [position, vocabulary] matrix, per block."""
+    post steps.  Credit is dInfer's dense [position, vocabulary] matrix, per block.
+
+    `commit_logits`, if given, receives per canvas position the model's logits at
+    the step that last wrote it (a commit or an edit)."""
     from tests.oracle import credit_fuse, parallel_parameters
     from tests.oracle_model import STREAM_LLADA_SAMPLE, uniform64
 
@@ -283,9 +287,19 @@ def llada2_generate(
         ended_to.append(ended_before)
 
     def step_logits(end):
-        nonlocal forwards
+        nonlocal forwards, raw
         forwards += 1
-        return model.forward(x[:end], mask[:end, :end])[end - B:end]
+        logits = model.forward(x[:end], mask[:end, :end])[end - B:end]
+        raw = logits.clone()
+        return logits
+
+    raw = None
+
+    def keep_logits(start, written):
+        if commit_logits is not None:
+            for i in written.nonzero().flatten().tolist():
+                if start + i >= P:
+                    commit_logits[start + i - P] = raw[i]
 
     def draws_for(block_start):
         if temperature == 0:
@@ -311,6 +325,7 @@ def llada2_generate(
                 if temperature == 0:
                     ties += sum(_argmax_tied(logits[i]) for i in chosen.nonzero().flatten().tolist())
                 x[start:end] = torch.where(chosen, x0, x[start:end])
+                keep_logits(start, chosen)
                 record(start)
         else:
             post_steps = 0
@@ -334,6 +349,7 @@ def llada2_generate(
                     ties += sum(_argmax_tied(logits[i]) for i in (m2t | editable).nonzero().flatten().tolist())
                 edits += int(t2t.sum())
                 x[start:end] = torch.where(m2t | t2t, x0, old)
+                keep_logits(start, m2t | t2t)
                 record(start)
                 if not active.any() and not t2t.any():
                     break

@@ -49,8 +49,8 @@ def test_bad_options_are_refused_with_a_clear_message(llm, max_tokens, extra, me
 def test_unsupported_sampling_features_are_refused(llm):
     with pytest.raises(REFUSED, match="'logit_bias' is not supported"):
         generate(llm, [PROMPT], SamplingParams(max_tokens=16, logit_bias={5: 1.0}))
-    with pytest.raises(REFUSED, match="'logprobs' is not supported"):
-        generate(llm, [PROMPT], SamplingParams(max_tokens=16, logprobs=2))
+    with pytest.raises(REFUSED, match="logprobs"):  # the whole vocabulary per token
+        generate(llm, [PROMPT], SamplingParams(max_tokens=16, logprobs=-1))
     with pytest.raises(REFUSED, match="'min_tokens' is not supported"):
         generate(llm, [PROMPT], SamplingParams(max_tokens=16, min_tokens=4))
 

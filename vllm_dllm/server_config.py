@@ -172,6 +172,7 @@ class DiffusionConfigHook:
         if device == "cuda":
             keep_vllm_compilation_off(vllm_config.compilation_config)
         _check_kv_cache_dtype(vllm_config.cache_config, model_config)
+        _check_logprobs_settings(model_config)
         if device == "cpu" and reserve_no_cpu_on_small_machine():
             logger.info(
                 "%d usable CPUs: giving vLLM's CPU worker all of them (%s=0; set it to "
@@ -210,6 +211,21 @@ def prefill_chunk(vllm_config) -> int:
         return 0
     budget, threshold = scheduler.max_num_batched_tokens, scheduler.long_prefill_token_threshold
     return threshold if 0 < threshold < budget else budget
+
+
+def _check_logprobs_settings(model_config) -> None:
+    """Logprobs are the model's own distribution at the committing step, kept per
+    position up to --max-logprobs entries (decoding/logprobs.py)."""
+    if model_config.logprobs_mode != "raw_logprobs":
+        raise ValueError(
+            f"--logprobs-mode {model_config.logprobs_mode} is not supported by vllm-dllm: logprobs are "
+            "the model's distribution at the step that committed each token (raw_logprobs)"
+        )
+    if model_config.max_logprobs < 0:
+        raise ValueError(
+            "--max-logprobs -1 (the whole vocabulary) is not supported by vllm-dllm: each committed "
+            "position keeps its top entries until it streams; give a number (vLLM's default is 20)"
+        )
 
 
 def _check_kv_cache_dtype(cache_config, model_config) -> None:

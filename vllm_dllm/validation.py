@@ -23,7 +23,8 @@ from vllm_dllm.server_config import process_defaults
 # diffusion step cannot: the request is refused rather than silently changed.
 _UNSUPPORTED = {
     "logit_bias": lambda p: bool(p.logit_bias),
-    "logprobs": lambda p: p.logprobs is not None,
+    # Logprobs over the whole vocabulary per token (vLLM's logprobs=-1).
+    "logprobs=-1": lambda p: p.logprobs is not None and p.logprobs < 0,
     "prompt_logprobs": lambda p: p.prompt_logprobs is not None,
     "structured_outputs": lambda p: p.structured_outputs is not None,
     "allowed_token_ids": lambda p: bool(p.allowed_token_ids),

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from vllm_dllm.decoding.base import BatchedRule
+from vllm_dllm.decoding.logprobs import LogprobsCollector
 
 Project = Callable[[torch.Tensor], torch.Tensor]
 
@@ -35,6 +36,7 @@ def chunked_reduce(
     *,
     uncond_rows: torch.Tensor | None = None,
     cfg_scale: torch.Tensor | None = None,
+    logprobs: LogprobsCollector | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Project `hidden[cond_rows]` chunk by chunk and reduce each chunk with `rule`.
 
@@ -42,6 +44,8 @@ def chunked_reduce(
     conditional row again and has scale 0), each chunk also projects the
     unconditional rows and combines them as classifier-free guidance:
     un + (cfg + 1) * (cond - un), which is exactly `cond` when both rows are one.
+    With `logprobs`, each chunk's logits as the model gave them (guided) are kept
+    until the rule has chosen its tokens, and their logprob rows collected.
     """
     count = len(cond_rows)
     if count == 0:
@@ -58,8 +62,12 @@ def chunked_reduce(
             cond, uncond = project(hidden[rows]).chunk(2)
             logits = uncond + (cfg_scale[chunk, None] + 1) * (cond - uncond)
             del cond, uncond
+        raw = logits.clone() if logprobs is not None else None  # the rule may edit logits in place
         chunk_tokens, chunk_conf = rule.reduce(logits, slots[chunk], positions[chunk])
         del logits
+        if raw is not None:
+            logprobs.add(raw, chunk_tokens)
+            del raw
         tokens.append(chunk_tokens)
         confidence.append(chunk_conf)
     if len(tokens) == 1:

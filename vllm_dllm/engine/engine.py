@@ -23,7 +23,9 @@ import torch
 from vllm_dllm.attention.metadata import attention_metadata
 from vllm_dllm.decoding.base import DecodeState, SpecialIds, make_rule
 from vllm_dllm.decoding.logits import chunked_reduce
+from vllm_dllm.decoding.logprobs import LogprobsCollector
 from vllm_dllm.engine.graphs import ReuseGraphs
+from vllm_dllm.engine.logprob_store import LogprobStore
 from vllm_dllm.engine.phases import POLICY_NONE, POLICY_SPARSE, PhaseParams, batch_phases
 from vllm_dllm.engine.step_inputs import SequenceLayout, FillLayout, build_step_inputs, to_device
 from vllm_dllm.kv_footprint import kept_positions, sequence_slots
@@ -71,6 +73,11 @@ class StepOutput:
     logits_rows: int  # LM-head rows this step computed
     progress: list[tuple[int, int]]  # per scheduled request: (block, step in block) of its next step
     edits: int = 0  # committed tokens the step rewrote (token editing)
+    # For the requests that asked for logprobs, a row per new token, in request
+    # order: (token ids [T, k + 1], logprobs [T, k + 1], ranks [T]) and each
+    # request's first row (requests that did not ask take no rows).
+    logprobs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    logprobs_start: list[int] | None = None
 
 
 _CANVAS = 5  # the report's first canvas column (after final, candidates, block, block step, edits)
@@ -102,6 +109,7 @@ class StepEngine:
         graph_capture=None,
         model_context: ModelContext | None = None,
         prefill_chunk: int = 0,
+        max_logprobs: int = 20,
     ):
         """`cuda_graphs`: replay captured forwards for Reuse steps (engine/graphs.py)
         where the device and backend allow it; `graph_capture` replaces the plain
@@ -110,7 +118,8 @@ class StepEngine:
         around every forward: vLLM's forward context when serving (its fused MoE
         layers look themselves up there), nothing otherwise.  `prefill_chunk`: the
         most tokens a block-causal prefill step runs (phases.block_causal_phase), 0:
-        the whole prefix in one step."""
+        the whole prefix in one step.  `max_logprobs`: the most top logprobs a
+        request may ask for per token (vLLM's --max-logprobs)."""
         self.model = model
         self.model_context = model_context or _no_context
         self.ids = ids
@@ -146,6 +155,7 @@ class StepEngine:
         self.copies = np.ones(capacity, dtype=np.int64)
         self.evicted = np.zeros(capacity, dtype=bool)  # its cache was freed by preemption
         self.snapshot = torch.zeros_like(self.decode.canvas)  # canvas of each request's last Refresh
+        self.logprobs = LogprobStore(capacity, max_model_len, max_logprobs, device)
         self.sparse = SparseParams(
             sequence_slots=np.zeros(capacity, dtype=np.int64),
             keep=np.zeros(capacity, dtype=np.int64),
@@ -175,10 +185,11 @@ class StepEngine:
 
     def add(
         self, req_id: str, prompt: list[int], options: DecodeOptions, seed: int, block_ids: list[int],
-        prefilled: int = 0,
+        prefilled: int = 0, logprobs: int | None = None,
     ) -> None:
         """A new request; `prefilled`: leading positions whose K/V its blocks already
-        hold (a block-causal request's prefix cache hit)."""
+        hold (a block-causal request's prefix cache hit); `logprobs`: top entries per
+        token it wants logprobs with (None: no logprobs)."""
         if req_id in self.slots:
             raise ValueError(f"request {req_id} is already in the batch")
         if not self._free:
@@ -190,6 +201,8 @@ class StepEngine:
                 f"the model length {self.max_model_len}"
             )
         self._check_prefilled(req_id, prefilled, options, len(prompt))
+        if logprobs is not None and not 0 <= logprobs < self.logprobs.width:
+            raise ValueError(f"request {req_id}: logprobs must be between 0 and {self.logprobs.width - 1}")
         slot = self._free.pop()
         self.slots[req_id] = slot
         self.emitted[req_id] = 0
@@ -197,6 +210,7 @@ class StepEngine:
         self.prompt_len[slot] = len(prompt)
         self.decode.admit(slot, options, seed)
         self.rule.admit(slot, options)
+        self.logprobs.admit(slot, logprobs)
         h = self.host
         h.prompt_len[slot] = len(prompt)
         h.gen_length[slot] = options.gen_length
@@ -235,6 +249,7 @@ class StepEngine:
                     continue
                 grown[:old] = value
                 setattr(holder, name, grown)
+        self.logprobs.grow_slots(2 * old)
         self._free.extend(range(2 * old - 1, old - 1, -1))
 
     @staticmethod
@@ -281,6 +296,7 @@ class StepEngine:
     def remove(self, req_id: str) -> None:
         slot = self.slots.pop(req_id, None)
         if slot is not None:
+            self.logprobs.release(slot)
             self.emitted.pop(req_id)
             self._num_blocks.pop(req_id, None)
             self._free.append(slot)
@@ -392,6 +408,7 @@ class StepEngine:
         # A prefill chunk only wrote K/V: its request is not denoised this step.
         decoding = np.flatnonzero(batch.decodes) if chunked.any() else np.arange(len(req_ids))
         new_tokens: list[list[int]] = [[] for _ in req_ids]
+        starts = np.zeros(len(req_ids), dtype=np.int64)
         logits_rows = edits = 0
         if len(decoding):
             report = self._denoise(slots_host[decoding], batch.request_seq[decoding], batch.twin_seq[decoding],
@@ -403,12 +420,25 @@ class StepEngine:
                 req_id = req_ids[index]
                 start, end = self.emitted[req_id], row[0]
                 new_tokens[index] = row[_CANVAS + start : _CANVAS + end]
+                starts[index] = start
                 self.emitted[req_id] = end
                 logits_rows += row[1] * n
                 edits += row[4]
         progress = np.stack([h.block[slots_host], h.block_step[slots_host]], axis=1)
-        return StepOutput(new_tokens=new_tokens, logits_rows=logits_rows, progress=[tuple(p) for p in progress.tolist()],
-                          edits=edits)
+        output = StepOutput(new_tokens=new_tokens, logits_rows=logits_rows,
+                            progress=[tuple(p) for p in progress.tolist()], edits=edits)
+        self._take_logprobs(slots_host, starts, output)
+        return output
+
+    def _take_logprobs(self, slots_host: np.ndarray, starts: np.ndarray, output: StepOutput) -> None:
+        """The logprob rows of the new tokens of the requests that asked (the step's
+        third device-to-host copy, only when one of them has new tokens)."""
+        counts = np.array([len(t) for t in output.new_tokens], dtype=np.int64)
+        asking = (self.logprobs.row_of[slots_host] > 0) & (counts > 0)
+        if not asking.any():
+            return
+        output.logprobs = self.logprobs.take(slots_host[asking], starts[asking], starts[asking] + counts[asking])
+        output.logprobs_start = np.concatenate([[0], np.cumsum(np.where(asking, counts, 0))[:-1]]).tolist()
 
     def _denoise(self, slots_host, request_seq, twin_seq, has_twins, hidden, inputs) -> torch.Tensor:
         """The rule's step for the requests in `slots_host` (their sequences' rows of
@@ -417,11 +447,19 @@ class StepEngine:
         width = int(self.host.gen_length[slots_host].max())
         slots = to_device(slots_host, self.device)
         seqs = to_device(np.stack([request_seq, twin_seq]), self.device)
+        logprobs_k = self.logprobs.step_width(slots_host)
+        collector = LogprobsCollector(logprobs_k, self.device) if logprobs_k is not None else None
+        before = self.decode.canvas[slots, :width].clone() if collector is not None else None
         done = self.rule.denoise(
             slots_host, slots, width,
-            lambda rows, positions: self._reduce(hidden, inputs, seqs, has_twins, slots, rows, positions),
+            lambda rows, positions: self._reduce(hidden, inputs, seqs, has_twins, slots, rows, positions, collector),
         )
         decode = self.decode
+        if collector is not None:
+            # Every position whose token this step wrote (a commit or an edit) keeps
+            # the logprob row of this step.
+            written = decode.canvas[slots[done.rows], done.positions] != before[done.rows, done.positions]
+            self.logprobs.record(slots_host, done.rows, done.positions, written, collector.result())
         final = self.rule.num_final(slots, width)
         return torch.cat(
             [final[:, None], done.plan.candidates.sum(dim=1)[:, None], decode.block[slots, None],
@@ -445,7 +483,7 @@ class StepEngine:
                 return self.model(inputs.input_ids, inputs.positions)
         return self.graphs.forward(key, inputs.input_ids, inputs.positions, inputs.metadata)
 
-    def _reduce(self, hidden, inputs, seqs, has_twins: bool, slots, rows, positions):
+    def _reduce(self, hidden, inputs, seqs, has_twins: bool, slots, rows, positions, logprobs=None):
         """(token, confidence) of each candidate: its hidden row (the row of the
         position before it for a shifted model; the twin's row too under CFG) through
         the LM head in chunks, reduced by the rule."""
@@ -469,6 +507,7 @@ class StepEngine:
             self.max_num_logits,
             uncond_rows=uncond_rows,
             cfg_scale=cfg_scale,
+            logprobs=logprobs,
         )
 
     # ---- memory profiling ----------------------------------------------------

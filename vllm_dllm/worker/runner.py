@@ -20,7 +20,7 @@ from vllm.model_executor.model_loader import get_model
 from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
 from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
-from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsLists, ModelRunnerOutput
 
 from vllm_dllm.attention.backends import select_backend
 from vllm_dllm.engine.engine import StepEngine
@@ -103,6 +103,7 @@ class DiffusionModelRunner:
             graph_capture=self._graph_capture(),
             model_context=self._forward_context,
             prefill_chunk=prefill_chunk(self.vllm_config),
+            max_logprobs=self.model_config.max_logprobs,
         )
 
     def _forward_context(self, num_tokens: int):
@@ -197,10 +198,14 @@ class DiffusionModelRunner:
             return EMPTY_MODEL_RUNNER_OUTPUT
         planned = [scheduler_output.num_scheduled_tokens[req_id] for req_id in order]
         result = self.engine.step(order, planned)
+        logprobs = None
+        if result.logprobs is not None:
+            logprobs = LogprobsLists(*result.logprobs, cu_num_generated_tokens=result.logprobs_start)
         return DiffusionRunnerOutput(
             req_ids=order,
             req_id_to_index={req_id: i for i, req_id in enumerate(order)},
             sampled_token_ids=result.new_tokens,
+            logprobs=logprobs,
             logits_rows=result.logits_rows,
             progress=result.progress,
             edits=result.edits,
@@ -237,4 +242,4 @@ class DiffusionModelRunner:
         )
         seed = params.seed if params.seed is not None else unseeded_seed(new.req_id, self.model_config.seed)
         self.engine.add(new.req_id, list(new.prompt_token_ids), options, seed, list(new.block_ids[0]),
-                        prefilled=new.num_computed_tokens)
+                        prefilled=new.num_computed_tokens, logprobs=params.logprobs)

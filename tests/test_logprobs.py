@@ -1,0 +1,188 @@
+"""Logprobs of generated tokens: each token's log-probability (and the top entries
+and its rank) under the model's logits at the step that committed it, against the
+oracles' logits at their committing step (tests/oracle.py, tests/oracle_llada2.py),
+for LLaDA (blocks, sampling, CFG, a cached parallel rule) and LLaDA2 (2.0, and 2.1
+whose edits rewrite a token's row), batched with requests that ask for none.
+
+Tolerance: plugin and oracle logits agree to ~1e-5 in float32 (O(10) values); a
+log-softmax keeps that scale, so 2e-4 leaves a tenfold margin.  Top entries are
+compared where the oracle's ranking is not within that tolerance of a tie.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from vllm import SamplingParams
+
+from tests import oracle, oracle_model
+from tests.conftest import close_engine, make_engine, random_prompt
+from tests.oracle_llada2 import llada2_generate, load_llada2_oracle
+from tests.tie_free import compare_until
+
+TOLERANCE = 2e-4
+
+
+def check_logprobs(name: str, completion, commit_logits: dict[int, torch.Tensor], k: int) -> None:
+    tokens = list(completion.token_ids)
+    assert completion.logprobs is not None and len(completion.logprobs) == len(tokens), name
+    total = 0.0
+    for i, (token, entry) in enumerate(zip(tokens, completion.logprobs)):
+        want = torch.log_softmax(commit_logits[i].double(), dim=-1)
+        got = entry[token]
+        assert abs(got.logprob - float(want[token])) < TOLERANCE, (name, i, got.logprob, float(want[token]))
+        higher = int((want > want[token] + TOLERANCE).sum())
+        close = int(((want - want[token]).abs() <= TOLERANCE).sum())
+        assert higher + 1 <= got.rank <= higher + close, (name, i, got.rank, higher, close)
+        assert len(entry) <= k + 1, (name, i, len(entry))
+        values, ids = want.topk(k + 1)
+        for j in range(k):
+            if values[j] - values[j + 1] > TOLERANCE and (j == 0 or values[j - 1] - values[j] > TOLERANCE):
+                assert int(ids[j]) in entry, (name, i, j)
+                assert abs(entry[int(ids[j])].logprob - float(values[j])) < TOLERANCE, (name, i, j)
+        total += got.logprob
+    assert abs(completion.cumulative_logprob - total) < 1e-3, name
+
+
+def llada_ids(model_dir: str) -> dict:
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    from transformers import AutoTokenizer
+
+    vocab = AutoTokenizer.from_pretrained(model_dir).get_vocab()
+    return {"mask": config["mask_token_id"], "eos": config["eos_token_id"], "eot": vocab.get("<|eot_id|>")}
+
+
+LLADA_CASES = [
+    # (name, prompt length, max_tokens, extra_args, temperature, seed, logprobs)
+    ("blocks of 8, greedy", 7, 16, {"block_length": 8, "steps": 16}, 0.0, 0, 3),
+    ("sampled", 5, 16, {"block_length": 8, "steps": 8}, 0.8, 4, 0),
+    ("classifier-free guidance", 6, 16, {"block_length": 16, "steps": 16, "cfg_scale": 1.5}, 0.0, 0, 2),
+    ("threshold rule over the dual cache", 9, 16,
+     {"block_length": 8, "steps": 16, "decoding": "threshold", "threshold": 0.3, "cache": "dual"}, 0.0, 0, 5),
+]
+
+
+@pytest.fixture(scope="module")
+def llada(tiny_dirs):
+    model_dir = tiny_dirs("llada")
+    llm = make_engine(model_dir)
+    yield model_dir, llm
+    close_engine(llm)
+
+
+def test_llada_logprobs_are_the_committing_steps(llada):
+    model_dir, llm = llada
+    ids = llada_ids(model_dir)
+    model = oracle_model.load_oracle(model_dir)
+    rng = random.Random(5)
+
+    def compare(draw: int) -> int:
+        prompts = [random_prompt(rng, case[1]) for case in LLADA_CASES]
+        plain_prompt = random_prompt(rng, 8)
+        params = [SamplingParams(max_tokens=n, temperature=t, seed=seed, extra_args=dict(extra), logprobs=k)
+                  for _, _, n, extra, t, seed, k in LLADA_CASES]
+        plain = SamplingParams(max_tokens=16, temperature=0.0, extra_args={"block_length": 8, "steps": 16})
+        outs = llm.generate([{"prompt_token_ids": p} for p in [*prompts, plain_prompt]], [*params, plain],
+                            use_tqdm=False)
+        # A request that asks for no logprobs gets none, and the same tokens as alone.
+        assert outs[-1].outputs[0].logprobs is None
+        alone = llm.generate([{"prompt_token_ids": plain_prompt}], [plain], use_tqdm=False)[0]
+        assert list(alone.outputs[0].token_ids) == list(outs[-1].outputs[0].token_ids)
+        compared = 0
+        for (name, _, n, extra, t, seed, k), prompt, out in zip(LLADA_CASES, prompts, outs):
+            extra = {"block_length": n, "cfg_scale": 0.0, **extra}
+            commit_logits: dict[int, torch.Tensor] = {}
+            want = oracle.llada_generate(
+                model, prompt, gen_length=n, steps=extra.pop("steps"), block_length=extra.pop("block_length"),
+                temperature=t, cfg_scale=extra.pop("cfg_scale"), mask_id=ids["mask"], eos_id=ids["eos"],
+                eot_id=ids["eot"], seed=seed, commit_logits=commit_logits, **extra,
+            )
+            if want.ties:
+                continue
+            assert list(out.outputs[0].token_ids) == oracle.trim_at_eos(want.tokens, ids["eos"]), name
+            check_logprobs(name, out.outputs[0], commit_logits, k)
+            compared += 1
+        return compared
+
+    compare_until(len(LLADA_CASES), compare)
+
+
+LLADA2_CASES = [
+    ("2.0, threshold 0.5", 9, 16, {"block_length": 8, "steps": 8, "threshold": 0.5}, 0.0, 0, 3),
+    ("2.1 quality: edits rewrite a token's row", 13, 16, {"block_length": 8, "threshold": 0.7,
+                                                          "editing_threshold": 0.5}, 0.0, 0, 2),
+    ("2.0 sampled", 6, 16, {"block_length": 8, "steps": 8}, 0.7, 3, 1),
+]
+
+
+@pytest.fixture(scope="module")
+def llada2(tiny_dirs):
+    model_dir = tiny_dirs("llada2")
+    llm = make_engine(model_dir)
+    yield model_dir, llm
+    close_engine(llm)
+
+
+def test_llada2_logprobs_are_the_last_writing_steps(llada2):
+    model_dir, llm = llada2
+    ids = json.loads((Path(model_dir) / "generation_config.json").read_text())
+    model = load_llada2_oracle(model_dir)
+    rng = random.Random(9)
+    edited = 0
+
+    def compare(draw: int) -> int:
+        nonlocal edited
+        prompts = [random_prompt(rng, case[1]) for case in LLADA2_CASES]
+        params = [SamplingParams(max_tokens=n, temperature=t, seed=seed, extra_args=dict(extra), logprobs=k)
+                  for _, _, n, extra, t, seed, k in LLADA2_CASES]
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        compared = 0
+        for (name, _, n, extra, t, seed, k), prompt, out in zip(LLADA2_CASES, prompts, outs):
+            commit_logits: dict[int, torch.Tensor] = {}
+            want = llada2_generate(model, prompt, gen_length=n, mask_id=ids["mask_token_id"],
+                                   eos_id=ids["eos_token_id"], temperature=t, seed=seed,
+                                   commit_logits=commit_logits, **extra)
+            if want.ties:
+                continue
+            assert list(out.outputs[0].token_ids) == want.tokens, name
+            check_logprobs(name, out.outputs[0], commit_logits, k)
+            edited += want.edits
+            compared += 1
+        return compared
+
+    compare_until(2 * len(LLADA2_CASES), compare)
+    assert edited > 0  # the 2.1 case's rows did come from edits
+
+
+def test_logprob_steps_cost_the_same_ops_for_any_number_of_requests():
+    from tests.test_step_engine import llada, llada2, make_engine as make_step_engine
+    from vllm_dllm.engine.op_count import OpCounter
+
+    for options, kind in ((llada(cache="dual"), "llada"), (llada2(), "llada2")):
+        counts = {}
+        for requests in (1, 4, 16):
+            engine = make_step_engine(kind=kind)
+            ids = []
+            # The same prompts throughout: whether a step streams tokens (and so copies
+            # logprob rows) depends on the tokens, not on how many requests run.
+            for i in range(requests):
+                engine.add(f"r{i}", [3 + j % 50 for j in range(13)], options, seed=0,
+                           block_ids=list(range(1 + 8 * i, 9 + 8 * i)), logprobs=2)
+                engine.add(f"plain{i}", [4 + j % 50 for j in range(13)], options, seed=0,
+                           block_ids=list(range(300 + 8 * i, 308 + 8 * i)))
+                ids += [f"r{i}", f"plain{i}"]
+            engine.step(ids)  # the first step also settles lazy initialisation
+            steps = []
+            for _ in range(6):
+                with OpCounter() as counter:
+                    out = engine.step(ids)
+                rows = sum(len(t) for t, r in zip(out.new_tokens, ids) if r.startswith("r"))
+                assert (out.logprobs is None and rows == 0) or len(out.logprobs[2]) == rows
+                steps.append((counter.total, counter.syncs, rows > 0))
+            counts[requests] = steps
+        assert counts[1] == counts[4] == counts[16], (kind, counts)
+        assert any(copied for _, _, copied in counts[1]), kind  # some measured steps copied logprob rows
