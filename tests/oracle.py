@@ -503,6 +503,7 @@ def dream_generate(
     refresh_interval: int = 0,
     delay_step: int = 0,
     sparse: dict | None = None,
+    commit_logits: dict[int, torch.Tensor] | None = None,
     **rule_params: float,
 ) -> OracleResult:
     """Dream `diffusion_generate`; decoding != "fixed" commits a parallel rule's count
@@ -514,7 +515,8 @@ def dream_generate(
     block_length: the canvas decoded block by block, Dream's rule and schedule (over
     steps / blocks steps) within each block; cache prefix/dual/sparse as for LLaDA, a
     Reuse also running the position before the block (its row predicts the block's
-    first position)."""
+    first position).  `commit_logits`: as for llada_generate (the row before each
+    position, Dream's shift)."""
     threshold, factor, gamma, low_threshold, credit_alpha, credit_decay, credit_boost, max_tokens_per_step = (
         parallel_parameters(rule_params)
     )
@@ -564,6 +566,7 @@ def dream_generate(
             logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)  # position j predicted by row j-1
             mask_logits = logits[mask_index]  # [M, V], rows in canvas order
             canvas_pos = mask_index[0].nonzero().squeeze(-1) - prompt_len  # [M]
+            model_logits = mask_logits.clone() if commit_logits is not None else None
             if decoding == "credit":
                 if k == 0:
                     credit = torch.zeros(max_new_tokens, mask_logits.shape[-1])
@@ -593,6 +596,9 @@ def dream_generate(
                     x0[flip] = chosen
                     ties += int(tied.sum())
                 x[mask_index] = x0
+                if commit_logits is not None:
+                    for row in flip.nonzero().flatten().tolist():
+                        commit_logits[int(canvas_pos[row])] = model_logits[row]
                 continue
 
             if alg not in ("maskgit_plus", "topk_margin", "entropy"):
@@ -633,5 +639,9 @@ def dream_generate(
                     _, select = torch.topk(keys, n)
                 ties += int(tied_at[select].sum())
                 x[0, prompt_len + select] = proposal[select]
+                if commit_logits is not None:
+                    row_of = {int(p): row for row, p in enumerate(canvas_pos.tolist())}
+                    for p in select.tolist():
+                        commit_logits[p] = model_logits[row_of[p]]
 
     return OracleResult(tokens=x[0, prompt_len:].tolist(), ties=ties, steps_run=steps_run, phases=phases)

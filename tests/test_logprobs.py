@@ -1,8 +1,9 @@
 """Logprobs of generated tokens: each token's log-probability (and the top entries
 and its rank) under the model's logits at the step that committed it, against the
 oracles' logits at their committing step (tests/oracle.py, tests/oracle_llada2.py),
-for LLaDA (blocks, sampling, CFG, a cached parallel rule) and LLaDA2 (2.0, and 2.1
-whose edits rewrite a token's row), batched with requests that ask for none.
+for LLaDA (blocks, sampling, CFG, a cached parallel rule), Dream (whose token at j
+comes from the row at j - 1) and LLaDA2 (2.0, and 2.1 whose edits rewrite a token's
+row), batched with requests that ask for none.
 
 Tolerance: plugin and oracle logits agree to ~1e-5 in float32 (O(10) values); a
 log-softmax keeps that scale, so 2e-4 leaves a tenfold margin.  Top entries are
@@ -109,6 +110,49 @@ def test_llada_logprobs_are_the_committing_steps(llada):
         return compared
 
     compare_until(len(LLADA_CASES), compare)
+
+
+DREAM_CASES = [
+    ("maskgit_plus, greedy", 8, 16, {"alg": "maskgit_plus", "steps": 16}, 0.0, 0, 3),
+    ("origin, sampled", 5, 16, {"steps": 16}, 0.9, 6, 1),
+    ("blocks of 8 over the dual cache", 7, 16, {"alg": "topk_margin", "steps": 16, "block_length": 8,
+                                                "cache": "dual"}, 0.0, 0, 2),
+]
+
+
+@pytest.fixture(scope="module")
+def dream(tiny_dirs):
+    model_dir = tiny_dirs("dream")
+    llm = make_engine(model_dir)
+    yield model_dir, llm
+    close_engine(llm)
+
+
+def test_dream_logprobs_come_from_the_row_before(dream):
+    model_dir, llm = dream
+    ids = llada_ids(model_dir)
+    model = oracle_model.load_oracle(model_dir)
+    rng = random.Random(7)
+
+    def compare(draw: int) -> int:
+        prompts = [random_prompt(rng, case[1]) for case in DREAM_CASES]
+        params = [SamplingParams(max_tokens=n, temperature=t, seed=seed, extra_args=dict(extra), logprobs=k)
+                  for _, _, n, extra, t, seed, k in DREAM_CASES]
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        compared = 0
+        for (name, _, n, extra, t, seed, k), prompt, out in zip(DREAM_CASES, prompts, outs):
+            extra = dict(extra)
+            commit_logits: dict[int, torch.Tensor] = {}
+            want = oracle.dream_generate(model, prompt, max_new_tokens=n, steps=extra.pop("steps"), temperature=t,
+                                         mask_id=ids["mask"], seed=seed, commit_logits=commit_logits, **extra)
+            if want.ties:
+                continue
+            assert list(out.outputs[0].token_ids) == oracle.trim_at_eos(want.tokens, ids["eos"]), name
+            check_logprobs(name, out.outputs[0], commit_logits, k)
+            compared += 1
+        return compared
+
+    compare_until(len(DREAM_CASES), compare)
 
 
 LLADA2_CASES = [
