@@ -147,3 +147,39 @@ def test_default_max_tokens_is_filled_in_when_unset():
     # None: the body is left alone (vLLM's defaults).
     echo = client_for(LLADA_GREEDY).post("/v1/completions", json={"prompt": "x"}).json()["choices"][0]["echo"]
     assert echo == {"prompt": "x"}
+
+
+def test_client_error_logs_one_info_line_server_errors_keep_their_traceback():
+    """Issue 28: the filter init_state puts on vLLM's stream-generator loggers."""
+    import logging
+    from types import SimpleNamespace
+
+    from vllm.exceptions import VLLMValidationError
+
+    from vllm_dllm.frontend import ClientErrorLogFilter, install_log_filter
+
+    class Serving:  # stands in for vLLM's serving object; its module names the logger
+        pass
+
+    log = logging.getLogger(Serving.__module__)
+    state = SimpleNamespace(openai_serving_completion=Serving(), openai_serving_chat=None)
+    try:
+        assert install_log_filter(state) == [Serving.__module__] == install_log_filter(state)
+        assert sum(isinstance(f, ClientErrorLogFilter) for f in log.filters) == 1  # idempotent
+        records = []
+        handler = logging.Handler()
+        handler.emit = records.append
+        log.addHandler(handler)
+        log.setLevel(logging.DEBUG)
+        for exc in (VLLMValidationError("unknown diffusion option 'foo'\nsecond line"), RuntimeError("boom")):
+            try:
+                raise exc
+            except Exception:
+                log.exception("Error in completion stream generator.")
+        refused, crashed = records
+        assert refused.levelno == logging.INFO and refused.exc_info is None
+        assert refused.getMessage() == "Refused streaming request (VLLMValidationError): unknown diffusion option 'foo'"
+        assert crashed.levelno == logging.ERROR and crashed.exc_info is not None
+    finally:
+        log.filters.clear()
+        log.handlers.clear()

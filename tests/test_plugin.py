@@ -175,3 +175,21 @@ def test_diffusion_metrics_only_for_our_architectures(tmp_path, tiny_dirs):
     ours = DiffusionStatLogger(engine_config(tiny_dirs("llada")))
     ours.log_engine_initialized()
     assert ours.active and "vllm:diffusion_num_denoising_steps" in names
+
+
+def test_kv_gauges_read_zero_once_nothing_runs(tiny_dirs):
+    """Issue 28: a step's gauges count what runs after it; a stats report of a step
+    that ran nothing (clearing finished or aborted requests) sets 0 when nothing runs."""
+    from vllm.v1.metrics.stats import SchedulerStats
+
+    from vllm_dllm.metrics import DiffusionStatLogger, StepStats
+
+    logger = DiffusionStatLogger(engine_config(tiny_dirs("llada")))
+    logger.log_engine_initialized()
+    step = StepStats(denoising_steps=1, query_tokens=40, kv_slots=17, kv_dense_slots=40)
+    logger.record(SchedulerStats(num_running_reqs=1, spec_decoding_stats=step.to_spec_decoding_stats()), None)
+    assert logger.gauges["kv_slots"]._value.get() == 17 and logger.gauges["kv_dense_slots"]._value.get() == 40
+    logger.record(SchedulerStats(num_running_reqs=1), None)  # no step, still running: unchanged
+    assert logger.gauges["kv_slots"]._value.get() == 17
+    logger.record(SchedulerStats(num_running_reqs=0), None)
+    assert logger.gauges["kv_slots"]._value.get() == 0 and logger.gauges["kv_dense_slots"]._value.get() == 0

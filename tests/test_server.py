@@ -483,6 +483,28 @@ def test_streaming_bad_request_is_the_same_400(server, client, path, body, words
     assert streamed.json()["error"]["message"] == plain.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("path", ["completions", "chat"])
+def test_refused_stream_logs_one_line_not_a_traceback(server, client, path):
+    """Issue 28: vLLM's stream generator logs the refusal with logger.exception (a
+    30-line ERROR traceback); the plugin's log filter leaves one INFO line, as a
+    refused non-streaming request (its access line only) gets."""
+    url = "/v1/chat/completions" if path == "chat" else "/v1/completions"
+    mark = len(server.log_text())
+    body = {**_bad_body(path, {"max_tokens": 16, "vllm_xargs": {"foo": 1}}), "stream": True}
+    resp = _post(client, server, url, body, expect=None)
+    assert resp.status_code == 400 and "unknown diffusion option 'foo'" in resp.json()["error"]["message"]
+    log = ""
+    for _ in range(40):  # the access line is written once the response is sent
+        log = server.log_text()[mark:]
+        if f'"POST {url} HTTP/1.1" 400' in log:
+            break
+        time.sleep(0.25)
+    lines = [line for line in log.splitlines() if line.strip()]
+    refused = [line for line in lines if "Refused streaming request" in line]
+    assert len(refused) == 1 and " INFO " in refused[0] and "unknown diffusion option 'foo'" in refused[0], log
+    assert "Traceback" not in log and " ERROR " not in log, log
+
+
 def test_streaming_good_request_still_streams(server, client):
     events = sse_events(client, server, "/v1/completions", {"prompt": "hello", "max_tokens": 16, "vllm_xargs": XARGS})
     assert events and all("error" not in e for e in events)
@@ -617,32 +639,82 @@ def test_metrics_count_one_request(server, client, tokenizer):
     assert deltas == expected
 
 
+def _first_event_then(client, server, body: dict, during) -> tuple[object, dict]:
+    """Stream `body`; once its first event arrives (the request is running), call
+    during().  Returns what it returned and the stream's usage."""
+    body = {"model": server.model, **body, "stream": True, "stream_options": {"include_usage": True}}
+    seen, usage = None, None
+    with client.stream("POST", "/v1/completions", json=body) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if not line.startswith("data:") or line.endswith("[DONE]"):
+                continue
+            if seen is None:
+                seen = during()
+            usage = json.loads(line[len("data:"):]).get("usage") or usage
+    return seen, usage
+
+
+KV_GAUGES = ("vllm:diffusion_kv_slots", "vllm:diffusion_kv_dense_slots")
+
+
+def wait_kv_gauges_zero(client, server, seconds: float = 15.0) -> None:
+    m = {}
+    for _ in range(int(seconds / 0.25) + 1):
+        m = metrics(client)
+        if all(m.get(name) == 0 for name in KV_GAUGES):
+            return
+        time.sleep(0.25)
+    server.fail(f"KV gauges not 0 with nothing running: {({name: m.get(name) for name in KV_GAUGES})}")
+
+
 def test_metrics_show_a_sparse_request_kv_footprint(server, client):
     """A sparse request holds its kept positions plus its block; the gauges show it
-    next to what the dense cache would hold, and its Reuse steps are counted."""
+    next to what the dense cache would hold while it runs, 0 once nothing runs
+    (issue 28), and its Reuse steps are counted."""
     wait_idle(client, server)
     before = metrics(client)
-    out = complete(
-        client, server, prompt="The quick brown fox", max_tokens=16, ignore_eos=True,
-        vllm_xargs={"steps": 16, "block_length": 8, "cache": "sparse", "retention": 0.5},
-    )
-    assert out["choices"][0]["finish_reason"] == "length"  # every step ran (no early EOS)
-    seq_len = out["usage"]["prompt_tokens"] + 16
+    # 30 blocks of 8, so the request still runs when the first block has streamed.
+    body = {"prompt": "The quick brown fox", "max_tokens": 240, "ignore_eos": True,
+            "vllm_xargs": {"steps": 240, "block_length": 8, "cache": "sparse", "retention": 0.5}}
+    during, usage = _first_event_then(client, server, body, lambda: metrics(client))
+    assert usage["completion_tokens"] == 240  # every step ran (no early EOS)
+    seq_len = usage["prompt_tokens"] + 240
     expected = {
         "vllm:diffusion_kv_slots": math.ceil(0.5 * (seq_len - 8)) + 8,
         "vllm:diffusion_kv_dense_slots": seq_len,
     }
+    assert {name: during.get(name) for name in expected} == expected
+    wait_kv_gauges_zero(client, server)
     # Steps 0 and 1 of each block refresh (the delayed update), 2..7 reuse.
-    expected_deltas = {"vllm:diffusion_num_reuse_steps_total": 12, "vllm:diffusion_num_refresh_steps_total": 4}
+    expected_deltas = {"vllm:diffusion_num_reuse_steps_total": 30 * 6, "vllm:diffusion_num_refresh_steps_total": 30 * 2}
+    deltas = {}
     for _ in range(40):  # the front end records stats as outputs arrive: poll briefly
         after = metrics(client)
-        got = {name: after.get(name) for name in expected}
         deltas = {name: after.get(name, 0) - before.get(name, 0) for name in expected_deltas}
-        if got == expected and deltas == expected_deltas:
+        if deltas == expected_deltas:
             break
         time.sleep(0.25)
-    assert got == expected
     assert deltas == expected_deltas
+
+
+def test_kv_gauges_fall_to_zero_after_an_abort(server, client):
+    """Issue 28: with nothing running the gauges read 0, also when the last request
+    was aborted (the engine then runs no denoising step, only clears it)."""
+    wait_idle(client, server)
+    body = {"model": server.model, "prompt": "hello", "max_tokens": 192, "stream": True,
+            "vllm_xargs": {"steps": 192, "block_length": 8, "cache": "dual"}}
+    with httpx.Client(base_url=server.base_url, timeout=REQUEST_TIMEOUT_S) as dropper:
+        with dropper.stream("POST", "/v1/completions", json=body) as resp:
+            assert resp.status_code == 200
+            for line in resp.iter_lines():
+                if line.startswith("data:"):
+                    break
+            running = metrics(client)
+        # leaving both blocks closes the connection mid-stream: vLLM aborts the request
+    assert running["vllm:diffusion_kv_slots"] > 0 and running["vllm:diffusion_kv_dense_slots"] > 0
+    wait_idle(client, server)
+    wait_kv_gauges_zero(client, server)
 
 
 # --------------------------------------------------------------------------------------

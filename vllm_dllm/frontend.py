@@ -1,6 +1,6 @@
 """HTTP front-end checks for `vllm serve`: a `vllm.endpoint_plugins` entry point.
 
-Three gaps of vLLM 0.32's OpenAI server that request validation alone cannot close:
+Four gaps of vLLM 0.32's OpenAI server that request validation alone cannot close:
 
 - Streaming status.  vLLM runs the logits processors' `validate_params` (our
   validation.py) inside `AsyncLLM.generate`, which a streaming response only
@@ -14,6 +14,12 @@ Three gaps of vLLM 0.32's OpenAI server that request validation alone cannot clo
   the top-k/top-p set even at temperature 0; LLaDA and min_p are refused at any
   temperature), so the raw request body is checked here and answered with a 400
   saying how to pass the value instead.
+- Log noise.  vLLM's stream generators log any exception of the stream with
+  `logger.exception` (a 30-line ERROR traceback), a refused request's
+  VLLMValidationError too, where a refused non-streaming request logs only its
+  access line.  A logging filter on those two loggers (installed by init_state,
+  found through the serving objects vLLM puts in the app state) turns a client
+  error's record into one INFO line; server errors keep their traceback.
 - The default canvas.  Without max_tokens, vLLM gives a completion OpenAI's 16 and a
   chat the checkpoint's max_new_tokens, else the whole rest of the context (every
   position a denoising target); it has no default-only setting (an overridden
@@ -31,6 +37,7 @@ everything through.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -230,6 +237,42 @@ def _replay(body: bytes, receive):
     return replay
 
 
+class ClientErrorLogFilter(logging.Filter):
+    """Turns an ERROR record whose exception is a client error (vLLM's
+    VLLMClientError: answered 4xx) into one INFO line without the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from vllm.exceptions import VLLMClientError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if record.levelno >= logging.ERROR and isinstance(exc, VLLMClientError):
+            first_line = (str(exc).splitlines() or [""])[0]
+            record.msg, record.args = "Refused streaming request (%s): %s", (type(exc).__name__, first_line)
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+            record.exc_info = record.exc_text = record.stack_info = None
+        return True
+
+
+# The app-state attributes holding vLLM's OpenAI serving objects whose stream
+# generators log a refused request's exception (vLLM 0.32; absent ones are skipped).
+STREAMING_SERVERS = ("openai_serving_completion", "openai_serving_chat")
+
+
+def install_log_filter(state) -> list[str]:
+    """Put ClientErrorLogFilter on the loggers of the serving objects in `state`
+    (vLLM's loggers are named after their modules); returns the logger names."""
+    names = []
+    for attr in STREAMING_SERVERS:
+        serving = getattr(state, attr, None)
+        if serving is None:
+            continue
+        log = logging.getLogger(type(serving).__module__)
+        if not any(isinstance(f, ClientErrorLogFilter) for f in log.filters):
+            log.addFilter(ClientErrorLogFilter())
+        names.append(log.name)
+    return names
+
+
 class DiffusionEndpoints:
     """The `vllm.endpoint_plugins` entry point (vLLM's EndpointPlugin protocol)."""
 
@@ -259,3 +302,4 @@ class DiffusionEndpoints:
             default_max_tokens=int(defaults.get("max_tokens", DEFAULT_GEN_LENGTH)),
         )
         setattr(state, STATE_KEY, served)
+        install_log_filter(state)

@@ -134,18 +134,25 @@ class DiffusionStatLogger(StatLoggerBase):
         ).labels(**labels)
 
     def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
-        if not self.active or scheduler_stats is None or scheduler_stats.spec_decoding_stats is None:
+        if not self.active or scheduler_stats is None:
             return
         if self.counters is None:
             self._register()
+        if scheduler_stats.spec_decoding_stats is None:
+            # No step ran (e.g. the engine's step that only clears finished or aborted
+            # requests): the gauges fall back to 0 once nothing runs.
+            if not scheduler_stats.num_running_reqs:
+                for gauge in self.gauges.values():
+                    gauge.set(0)
+            return
         step = StepStats.from_spec_decoding_stats(scheduler_stats.spec_decoding_stats)
         for key, counter in self.counters.items():
             value = getattr(step, key)
             if value:
                 counter.inc(value)
+        for key, gauge in self.gauges.items():  # held after the step (scheduler.make_stats)
+            gauge.set(getattr(step, key))
         if step.query_tokens:  # a step ran (prefill chunks count, denoising nothing)
-            for key, gauge in self.gauges.items():
-                gauge.set(getattr(step, key))
             self.query_tokens.observe(step.query_tokens)
             self.logits_rows.observe(step.logits_rows)
 

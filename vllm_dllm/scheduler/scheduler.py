@@ -384,11 +384,6 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             delayed_steps=self._delayed,
             edited_tokens=getattr(model_runner_output, "edits", 0),
         )
-        for request in self.running:
-            track = self._costs.get(request.request_id)
-            if track is not None:
-                stats.kv_slots += request_slots(track.options, track.prompt_len)
-                stats.kv_dense_slots += (track.prompt_len + track.canvas) * sequence_copies(track.options)
         progress = getattr(model_runner_output, "progress", None) or None
         for req_id in scheduled:
             track = self._costs.get(req_id)
@@ -416,5 +411,13 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
     def make_stats(self, spec_decoding_stats=None, *args, **kwargs):
         stats = super().make_stats(spec_decoding_stats, *args, **kwargs)
         if stats is not None and self._step_stats is not None:
+            # The KV gauges count the requests still running after the step (the
+            # moment of vLLM's num_running_reqs): a step that finishes the last
+            # request reports 0, not what the finished requests held.
+            for request in self.running:
+                track = self._costs.get(request.request_id)
+                if track is not None:
+                    self._step_stats.kv_slots += request_slots(track.options, track.prompt_len)
+                    self._step_stats.kv_dense_slots += (track.prompt_len + track.canvas) * sequence_copies(track.options)
             stats.spec_decoding_stats = self._step_stats.to_spec_decoding_stats()
         return stats
