@@ -1,13 +1,19 @@
 """Task accuracy of a model served through the plugin.
 
-    python -m vllm_dllm.eval --task retrieval|addition|copy|reverse|all --n N
+    python -m vllm_dllm.eval --task retrieval|addition|copy|reverse|all|hard|every|NAME,NAME --n N
         [--max-tokens 8,16,32,56] [--model DIR] [--xargs JSON] [--base-url URL] [--out results.json]
 
 Offline (vLLM's engine with the plugin) by default, or against a running server with
 `--base-url`.  Prints exact-match accuracy with a 95% Wilson interval, the fraction of
 answer characters in place (partial credit), committed tokens per second and denoising
 steps per token; writes JSON only to `--out`.  The default decoding is exact: steps =
-generation length, one block, low-confidence remasking.
+generation length, one block, low-confidence remasking.  A LLaDA2.x checkpoint
+(offline) decodes with its own defaults instead (LLaDA2.0's threshold rule, blocks of
+32): steps and block_length are not set for it, only what `--xargs` gives.
+
+`--task all` is the original four tasks (those the shipped model was trained on);
+`hard` the four of issue 27 (sort, multiply, chain, brackets); `every` both; or a
+comma-separated list of names.
 
 Each task is decoded on its own canvas length (`Task.gen_length`) unless `--max-tokens`
 lists canvas lengths: then every task runs at each of them, on the held-out instances
@@ -30,7 +36,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from vllm_dllm.default_model import PATH as DEFAULT_MODEL
-from vllm_dllm.tasks import TASKS, TEST, Instance, Task, char_score, score
+from vllm_dllm.tasks import ALL_TASKS, TASK_GROUPS, TEST, Instance, Task, char_score, resolve_tasks, score
 from vllm_dllm.training.curriculum import fitting_task
 
 
@@ -52,6 +58,12 @@ class TaskResult:
 
 def describe(task: Task) -> str:
     """The instance range a (possibly restricted) task draws from."""
+    if hasattr(task, "min_count"):
+        return f"{task.min_count}-{task.max_count} numbers below {task.max_value}"
+    if hasattr(task, "max_digits_a"):
+        return f"{task.max_digits_a}- by {task.max_digits_b}-digit operands at most"
+    if hasattr(task, "max_depth"):
+        return f"{task.min_len}-{task.max_len} brackets, depth up to {task.max_depth}"
     if hasattr(task, "min_pairs"):
         return f"{task.min_pairs}-{task.max_pairs} pairs"
     if hasattr(task, "max_digits"):
@@ -94,6 +106,9 @@ class OfflineRunner:
         self.engine = LLMEngine.from_engine_args(args, stat_loggers=[DiffusionStatLogger])
         self.tokenizer = self.engine.get_tokenizer()
         self.labels = {"model_name": self.engine.vllm_config.model_config.served_model_name, "engine": "0"}
+        architectures = getattr(self.engine.vllm_config.model_config.hf_config, "architectures", None) or []
+        # LLaDA2.x decodes with the model's own defaults; LLaDA and Dream exactly.
+        self.exact = "LLaDA2MoeModelLM" not in architectures
         self._next_id = 0
 
     def _steps(self) -> float:
@@ -127,7 +142,8 @@ class OfflineRunner:
     def run(self, items: list[Instance], max_tokens: int, xargs: dict) -> tuple[list[str], int, int | None]:
         from vllm import SamplingParams
 
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, extra_args=exact_xargs(max_tokens, xargs))
+        extra = exact_xargs(max_tokens, xargs) if self.exact else dict(xargs)
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, extra_args=extra)
         before = self._steps()
         outs = self.generate([self.prompt_ids(item.prompt) for item in items], params)
         tokens = sum(len(o.token_ids) for o in outs)
@@ -223,7 +239,9 @@ def parse_lengths(text: str) -> list[int]:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--task", default="all", choices=[*TASKS, "all"])
+    ap.add_argument("--task", default="all",
+                    help=f"a task ({', '.join(ALL_TASKS)}), a group ({', '.join(TASK_GROUPS)}: all is the original "
+                         "four), or a comma-separated list")
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--max-tokens", default=None,
                     help="canvas lengths to sweep, e.g. 8,16,32,56 (default: each task's own length)")
@@ -249,7 +267,10 @@ def main(argv=None) -> int:
             lengths = parse_lengths(args.max_tokens)
         except ValueError:
             ap.error(f"--max-tokens: '{args.max_tokens}' is not a comma-separated list of positive lengths")
-    tasks = list(TASKS.values()) if args.task == "all" else [TASKS[args.task]]
+    try:
+        tasks = resolve_tasks(args.task)
+    except ValueError as exc:
+        ap.error(f"--task: {exc}")
     if args.base_url:
         runner = ServerRunner(args.base_url, args.model)
         model = runner.model

@@ -16,6 +16,23 @@ is about 360 tokens.  Values are two capitals, one token each: the symbols copy 
 reverse also answer with.  (Values were once lowercase pairs, single tokens too: the
 model then had to learn 676 output tokens from about one answer token per row, and
 after 2500 retrieval steps it still answered at chance.)
+
+`TASKS` holds those four: the shipped LLaDA-format model was trained on them and is
+measured on them (`--task all`).  `HARD_TASKS` holds four whose answers take several
+dependent steps, so that committing many tokens at once goes wrong unless the model is
+sure (issue 27: tasks that rank decoding rules):
+  sort       "sort 52 7 913 40"                                  -> "7 40 52 913"
+  multiply   "mul 4821*97="                                      -> "467637"
+  chain      "chain\\n;ab=cd;cd=XY;ef=GH;...\\nfollow;ab="       -> "cd=XY"
+  brackets   "close ([]{<>}(<"                                   -> ">))"
+Sort: where each number lands depends on every other one, and on the widths of the
+numbers before it.  Multiply: every digit of the product depends on the carries of the
+digits right of it.  Chain (two-hop retrieval): the first key's value names a second
+key, whose value is two capitals; the answer is the second key, "=", then its value,
+so the value depends on the key decoded before it.  Brackets: the closers of the
+brackets left open, innermost first.  Answers use digits, capitals, spaces and bracket
+characters, one token each under the task tokenizer (the intermediate key of chain is
+one lowercase-pair token).
 """
 
 from __future__ import annotations
@@ -124,11 +141,166 @@ class Reverse(Copy):
 TASKS: dict[str, Task] = {t.name: t for t in (Retrieval(), Addition(), Copy(), Reverse())}
 
 
+class Sort(Task):
+    """Sort `min_count`-`max_count` numbers below `max_value` (repeats allowed), ascending."""
+
+    name = "sort"
+    gen_length = 48
+
+    def __init__(self, min_count: int = 4, max_count: int = 10, max_value: int = 1000):
+        self.min_count, self.max_count, self.max_value = min_count, max_count, max_value
+
+    def draw(self, rng: random.Random) -> Instance:
+        numbers = [rng.randrange(self.max_value) for _ in range(rng.randint(self.min_count, self.max_count))]
+        return Instance(self.name, "sort " + " ".join(map(str, numbers)),
+                        " ".join(map(str, sorted(numbers))))
+
+
+class Multiply(Task):
+    """a * b with a of 1-`max_digits_a` digits and b of 1-`max_digits_b`."""
+
+    name = "multiply"
+    gen_length = 8
+
+    def __init__(self, max_digits_a: int = 4, max_digits_b: int = 2):
+        self.max_digits_a, self.max_digits_b = max_digits_a, max_digits_b
+
+    @property
+    def max_digits(self) -> int:  # what eval's description and canvas fitting read
+        return max(self.max_digits_a, self.max_digits_b)
+
+    def draw(self, rng: random.Random) -> Instance:
+        a = rng.randrange(10 ** rng.randint(1, self.max_digits_a))
+        b = rng.randrange(10 ** rng.randint(1, self.max_digits_b))
+        return Instance(self.name, f"mul {a}*{b}=", str(a * b))
+
+
+class Chain(Task):
+    """Two-hop retrieval among `min_pairs`-`max_pairs` pairs: about half the keys hold
+    two capitals, the others hold another key that holds capitals.  The query is a key
+    of the second kind; the answer is the key it names, "=", and that key's value."""
+
+    name = "chain"
+    gen_length = 8
+
+    def __init__(self, min_pairs: int = 20, max_pairs: int = 60):
+        self.min_pairs, self.max_pairs = max(2, min_pairs), max(2, max_pairs)
+
+    def draw(self, rng: random.Random) -> Instance:
+        n = rng.randint(self.min_pairs, self.max_pairs)
+        keys: list[str] = []
+        seen: set[str] = set()
+        while len(keys) < n:
+            key = _pair(rng)
+            if key not in seen:
+                seen.add(key)
+                keys.append(key)
+        hubs = keys[: max(1, n // 2)]  # keys holding capitals
+        links = keys[len(hubs):]  # keys holding a hub key
+        values = {k: rng.choice(SYMBOLS) + rng.choice(SYMBOLS) for k in hubs}
+        values.update({k: rng.choice(hubs) for k in links})
+        order = keys[:]
+        rng.shuffle(order)
+        query = rng.choice(links)
+        target = values[query]
+        pairs = "".join(f";{k}={values[k]}" for k in order)
+        return Instance(self.name, f"chain\n{pairs}\nfollow;{query}=", f"{target}={values[target]}")
+
+
+BRACKETS = {"(": ")", "[": "]", "{": "}", "<": ">"}
+
+
+class Brackets(Task):
+    """A prefix of `min_len`-`max_len` bracket characters, never deeper than
+    `max_depth`, with at least one bracket left open; the answer closes them."""
+
+    name = "brackets"
+    gen_length = 16
+
+    def __init__(self, min_len: int = 8, max_len: int = 32, max_depth: int = 12):
+        self.min_len, self.max_len, self.max_depth = min_len, max_len, max_depth
+
+    def draw(self, rng: random.Random) -> Instance:
+        length = rng.randint(self.min_len, self.max_len)
+        text: list[str] = []
+        stack: list[str] = []
+        for i in range(length):
+            last = i == length - 1
+            can_close = bool(stack) and not (last and len(stack) == 1)
+            must_close = len(stack) >= self.max_depth
+            if must_close or (can_close and rng.random() < 0.45):
+                text.append(BRACKETS[stack.pop()])
+            else:
+                opener = rng.choice(list(BRACKETS))
+                stack.append(opener)
+                text.append(opener)
+        return Instance(self.name, "close " + "".join(text), "".join(BRACKETS[b] for b in reversed(stack)))
+
+
+# Harder tasks (issue 27): not part of `TASKS`, which the shipped model was trained on.
+HARD_TASKS: dict[str, Task] = {t.name: t for t in (Sort(), Multiply(), Chain(), Brackets())}
+ALL_TASKS: dict[str, Task] = {**TASKS, **HARD_TASKS}
+# Names that stand for several tasks (eval's --task, train's --tasks).
+TASK_GROUPS: dict[str, list[str]] = {"all": list(TASKS), "hard": list(HARD_TASKS), "every": list(ALL_TASKS)}
+
+
 def get_task(name: str) -> Task:
     try:
-        return TASKS[name]
+        return ALL_TASKS[name]
     except KeyError:
-        raise ValueError(f"unknown task '{name}'; choose from {', '.join(TASKS)}") from None
+        raise ValueError(f"unknown task '{name}'; choose from {', '.join(ALL_TASKS)}") from None
+
+
+def resolve_tasks(text: str) -> list[Task]:
+    """`all` (the original four), `hard` (the four of issue 27), `every` (both), or a
+    comma-separated list of task names and groups, in order, without repeats."""
+    names: list[str] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        for name in TASK_GROUPS.get(part, [part]):
+            if name not in ALL_TASKS:
+                raise ValueError(f"unknown task '{name}'; choose from {', '.join([*ALL_TASKS, *TASK_GROUPS])}")
+            if name not in names:
+                names.append(name)
+    if not names:
+        raise ValueError("no task given")
+    return [ALL_TASKS[n] for n in names]
+
+
+def check_answer(instance: Instance) -> bool:
+    """Recompute the answer from the prompt alone (an independent checker of the
+    generators, used by the tests)."""
+    prompt, answer = instance.prompt, instance.answer
+    if instance.task == "sort":
+        numbers = [int(x) for x in prompt.removeprefix("sort ").split()]
+        return answer == " ".join(map(str, sorted(numbers)))
+    if instance.task == "multiply":
+        a, b = prompt.removeprefix("mul ").removesuffix("=").split("*")
+        return answer == str(int(a) * int(b))
+    if instance.task == "chain":
+        _, body, query = prompt.split("\n")
+        pairs = dict(p.split("=") for p in body.split(";")[1:])
+        middle = pairs[query.removeprefix("follow;").removesuffix("=")]
+        return middle.islower() and pairs[middle].isupper() and answer == f"{middle}={pairs[middle]}"
+    if instance.task == "brackets":
+        closers = {v: k for k, v in BRACKETS.items()}
+        stack: list[str] = []
+        for ch in prompt.removeprefix("close "):
+            if ch in BRACKETS:
+                stack.append(ch)
+            elif not stack or stack.pop() != closers[ch]:
+                return False
+        return bool(stack) and answer == "".join(BRACKETS[b] for b in reversed(stack))
+    if instance.task == "addition":
+        a, b = prompt.removeprefix("add ").removesuffix("=").split("+")
+        return answer == str(int(a) + int(b))
+    if instance.task == "retrieval":
+        _, body, query = prompt.split("\n")
+        pairs = dict(p.split("=") for p in body.split(";")[1:])
+        return answer == pairs[query.removeprefix("value of;").removesuffix("=")]
+    if instance.task in ("copy", "reverse"):
+        text = prompt.split(" ", 1)[1]
+        return answer == (text if instance.task == "copy" else text[::-1])
+    raise ValueError(f"unknown task '{instance.task}'")
 
 
 def score(instance: Instance, output: str) -> bool:

@@ -57,16 +57,25 @@ DEFAULT_MOE = dict(num_experts=16, experts_per_token=4, n_group=4, topk_group=2,
                    shared_experts=1, dense_layers=1)
 
 
-def write_tokenizer(out: pathlib.Path, vocab: dict[str, int], merges, max_len: int) -> dict[str, int]:
-    for tid, content in SMALL_LLADA2_SPECIALS:
-        assert tid == len(vocab)
+def write_tokenizer(out: pathlib.Path, vocab: dict[str, int], merges, max_len: int, *, use_regex: bool = True,
+                    vocab_size: int = SMALL_VOCAB_SIZE) -> dict[str, int]:
+    """The Ling specials right after `vocab` (the small vocabulary puts them at
+    SMALL_LLADA2_SPECIALS' ids; the task model's vocabulary, vllm_dllm/training, after
+    its own tokens), the tokenizer files, and the ids (`vocab_size`: embedding rows)."""
+    first = len(vocab)
+    numbered = [(first + i, content) for i, (_, content) in enumerate(SMALL_LLADA2_SPECIALS)]
+    if vocab_size == SMALL_VOCAB_SIZE:
+        assert numbered == SMALL_LLADA2_SPECIALS
+    if numbered[-1][0] >= vocab_size:
+        raise ValueError(f"{numbered[-1][0] + 1} tokens do not fit {vocab_size} embedding rows")
+    for tid, content in numbered:
         vocab[content] = tid
-    specials = [c for _, c in SMALL_LLADA2_SPECIALS]
-    save_byte_level_bpe(out, vocab, merges, specials, use_regex=True)
+    specials = [c for _, c in numbered]
+    save_byte_level_bpe(out, vocab, merges, specials, use_regex=use_regex)
     write_json(out / "tokenizer_config.json", {
         "add_bos_token": False,
         "add_eos_token": False,
-        "added_tokens_decoder": {str(t): added_token_entry(c) for t, c in SMALL_LLADA2_SPECIALS},
+        "added_tokens_decoder": {str(t): added_token_entry(c) for t, c in numbered},
         "bos_token": "<|startoftext|>",
         "chat_template": LLADA2_CHAT_TEMPLATE,
         "clean_up_tokenization_spaces": False,
@@ -82,8 +91,8 @@ def write_tokenizer(out: pathlib.Path, vocab: dict[str, int], merges, max_len: i
         "mask_token": added_token_entry("<|mask|>"),
         "pad_token": added_token_entry("<|endoftext|>"),
     })
-    ids = {c: t for t, c in SMALL_LLADA2_SPECIALS}
-    return {"vocab_size": SMALL_VOCAB_SIZE, "eos": ids["<|endoftext|>"], "mask": ids["<|mask|>"],
+    ids = {c: t for t, c in numbered}
+    return {"vocab_size": vocab_size, "eos": ids["<|endoftext|>"], "mask": ids["<|mask|>"],
             "bos": ids["<|startoftext|>"]}
 
 

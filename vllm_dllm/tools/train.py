@@ -10,6 +10,15 @@ may follow a curriculum (vllm_dllm/training/curriculum.py).  Fixed seeds; every
 stopped run resumes with `--resume`.  Loss and held-out accuracy go to
 OUT/train_log.jsonl; the final model is written to OUT/model as an unmodified LLaDA
 checkpoint, and `--export DIR` writes one from the last saved state.
+
+    python -m vllm_dllm.tools.train --arch llada2 --out runs/llada2 --tasks every
+
+`--arch llada2` trains a LLaDA2.x-format model (`llada2_moe`: block-causal attention,
+MoE with a shared expert and dense first layers, QK-norm, partial RoPE) with LLaDA2's
+block-diffusion objective and LLaDA2.1's token editing (`--edit-ratio`), and writes an
+unmodified LLaDA2 checkpoint (vllm_dllm/training/llada2.py; the same loop, curriculum,
+task weights, saving and resuming).  Tasks: names, or `all` (the original four),
+`hard` (sort, multiply, chain, brackets), `every` (both).
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ import torch.nn.functional as F
 
 from vllm_dllm.decoding.base import DecodeState, SpecialIds, make_rule
 from vllm_dllm.options import LLADA, LLaDAOptions
-from vllm_dllm.tasks import TASKS, TEST, TRAIN, Task, score
+from vllm_dllm.tasks import TEST, TRAIN, Task, resolve_tasks, score
 from vllm_dllm.training.checkpoint import build_tokenizer, write_checkpoint
 from vllm_dllm.training.curriculum import Curriculum, fitting_task
 from vllm_dllm.training.model import TrainableLLaDA
@@ -35,7 +44,8 @@ CHAT_PREFIX = "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\n"
 CHAT_SUFFIX = "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
 
 # Sequences per batch, chosen so each task's batch is a similar number of tokens.
-BATCH_SIZES = {"retrieval": 24, "addition": 96, "copy": 48, "reverse": 48}
+BATCH_SIZES = {"retrieval": 24, "addition": 96, "copy": 48, "reverse": 48,
+               "sort": 48, "multiply": 96, "chain": 32, "brackets": 64}
 
 
 class Encoder:
@@ -56,6 +66,29 @@ class Encoder:
 
     def decode(self, tokens: list[int]) -> str:
         return self.tok.decode(tokens, skip_special_tokens=True)
+
+
+class Llada2Encoder(Encoder):
+    """Prompts through the checkpoint's own chat template (Ling's <role> frame), as the
+    served model and `vllm_dllm.eval` encode them; the canvas is the answer, then EOS
+    to its end (LLaDA2 decoding stops at the first EOS)."""
+
+    def __init__(self, tokenizer_dir: pathlib.Path, ids: dict[str, int]):
+        from transformers import PreTrainedTokenizerFast
+
+        self.tok = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_dir))
+        self.ids = ids
+
+    def prompt(self, text: str) -> list[int]:
+        chat = self.tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                            add_generation_prompt=True)
+        return self.tok.encode(chat, add_special_tokens=False)
+
+    def canvas(self, answer: str, gen_length: int) -> list[int]:
+        tokens = self.tok.encode(answer, add_special_tokens=False)
+        if len(tokens) + 1 > gen_length:
+            raise ValueError(f"answer of {len(tokens)} tokens and EOS do not fit a canvas of {gen_length}")
+        return tokens + [self.ids["eos"]] * (gen_length - len(tokens))
 
 
 def canvas_length(answer_tokens: int, task: Task, max_canvas: int, own_share: float, rng: random.Random) -> int:
@@ -234,6 +267,17 @@ def export_saved(state_path: pathlib.Path, out: pathlib.Path) -> int:
     (width, positions, context length, tasks), whatever the command line says."""
     state = torch.load(state_path, weights_only=False, map_location="cpu")
     saved = state["args"]
+    if saved.get("arch", "llada") == "llada2":
+        from vllm_dllm.training import llada2
+
+        shape = llada2_shape(saved)
+        moe = llada2.moe_settings(argparse.Namespace(**{k: int(saved[k]) for k in MOE_ARGS}))
+        ids = llada2.build_llada2_tokenizer(state_path.parent / "tokenizer", int(saved["max_len"]))
+        model = llada2.build_model(ids, shape, moe)
+        model.load_state_dict(state["model"])
+        export_llada2(model, out, shape, moe, int(saved["max_len"]), resolve_tasks(saved["tasks"]),
+                      saved.get("checkpoint_dtype", "bfloat16"))
+        return state["step"]
     shape = dict(hidden=int(saved["hidden"]), layers=int(saved["layers"]), heads=int(saved["heads"]),
                  intermediate=int(saved["intermediate"]), rope_theta=float(saved.get("rope_theta", 500000.0)))
     max_len = int(saved["max_len"])
@@ -241,8 +285,46 @@ def export_saved(state_path: pathlib.Path, out: pathlib.Path) -> int:
     model = TrainableLLaDA(ids["vocab_size"], shape["hidden"], shape["layers"], shape["heads"],
                            shape["intermediate"], theta=shape["rope_theta"])
     model.load_state_dict(state["model"])
-    export(model, out, ids, shape, max_len, [TASKS[name] for name in saved["tasks"].split(",")])
+    export(model, out, ids, shape, max_len, resolve_tasks(saved["tasks"]))
     return state["step"]
+
+
+MOE_ARGS = ("experts", "experts_per_token", "expert_groups", "topk_groups", "moe_intermediate", "shared_experts",
+            "dense_layers")
+
+
+def llada2_shape(args) -> dict:
+    """Sizes of a LLaDA2 run from its arguments (a Namespace, or a saved state's strings)."""
+    get = (lambda k: args[k]) if isinstance(args, dict) else (lambda k: getattr(args, k))
+    heads = int(get("heads"))
+    kv = get("kv_heads")
+    return dict(hidden=int(get("hidden")), layers=int(get("layers")), heads=heads,
+                kv_heads=heads if kv in (None, "None") else int(kv), intermediate=int(get("intermediate")),
+                rope_theta=float(get("rope_theta")))
+
+
+def export_llada2(model, out: pathlib.Path, shape: dict, moe: dict, max_len: int, tasks: list[Task],
+                  dtype: str = "bfloat16") -> None:
+    """An unmodified LLaDA2 checkpoint whose default canvas fits every task's answer."""
+    from vllm_dllm.training.llada2 import write_llada2_checkpoint
+
+    cpu_weights = {k: v.cpu() for k, v in model.state_dict().items()}
+    write_llada2_checkpoint(out, cpu_weights, shape, moe, max_len=max_len, dtype=getattr(torch, dtype),
+                            generation={"max_new_tokens": max(t.gen_length for t in tasks)})
+
+
+@torch.no_grad()
+def evaluate_llada2(model, task: Task, encoder: Encoder, n: int, seed: int, block_length: int, threshold: float,
+                    gen_length: int | None = None) -> float:
+    """LLaDA2.0's rule (threshold, a token per step at least) on the test split."""
+    from vllm_dllm.training.llada2 import generate
+
+    rng = random.Random(seed)
+    instances = [task.sample(rng, TEST) for _ in range(n)]
+    prompts = [encoder.prompt(i.prompt) for i in instances]
+    outs = generate(model, prompts, gen_length or task.gen_length, mask_id=encoder.ids["mask"],
+                    eos_id=encoder.ids["eos"], block_length=block_length, threshold=threshold)
+    return sum(score(i, encoder.decode(o)) for i, o in zip(instances, outs)) / n
 
 
 def init_from(state_path: pathlib.Path, model, curriculum: Curriculum) -> None:
@@ -262,6 +344,123 @@ def init_from(state_path: pathlib.Path, model, curriculum: Curriculum) -> None:
     # States saved before curricula recorded their settings came from adaptive runs.
     if saved and curriculum.threshold and saved.get("settings", {"threshold": 1}).get("threshold"):
         curriculum.levels.update({n: v for n, v in saved["levels"].items() if n in curriculum.levels})
+
+
+def train_llada2(args, ap) -> int:
+    """The training loop of `--arch llada2` (block diffusion, token editing)."""
+    from vllm_dllm.training import llada2
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    tok_dir = args.out / "tokenizer"
+    ids = llada2.build_llada2_tokenizer(tok_dir, args.max_len)
+    encoder = Llada2Encoder(tok_dir, ids)
+    try:
+        tasks = resolve_tasks(args.tasks)
+        names = [t.name for t in tasks]
+        cycle = task_cycle(names, parse_task_values(args.task_weights, names, "--task-weights"))
+        batch_sizes = {n: max(2, round(BATCH_SIZES[n] * args.batch_scale)) for n in names}
+        batch_sizes.update(parse_task_values(args.batch_sizes, names, "--batch-sizes"))
+        if min(batch_sizes.values()) < 2:
+            raise ValueError("every batch needs at least two rows: mask ratios are stratified over the batch")
+        moe = llada2.moe_settings(args)
+        llada2.check_moe(moe, args.layers)
+        shape = llada2_shape(args)
+        if args.hidden % args.heads or args.heads % shape["kv_heads"]:
+            raise ValueError("--hidden must be a multiple of --heads, and --heads of --kv-heads")
+        if not 0 <= args.edit_ratio < 1:
+            raise ValueError("--edit-ratio must be in [0, 1)")
+    except ValueError as exc:
+        ap.error(str(exc))
+    if args.init_from is not None and args.resume:
+        ap.error("--init-from starts a new run; --resume continues this one: choose one")
+    if args.max_canvas or args.eval_lengths:
+        ap.error("--max-canvas and --eval-lengths are LLaDA-format options (a LLaDA2 canvas always runs to its "
+                 "block's end)")
+
+    torch.manual_seed(args.seed)
+    model = llada2.build_model(ids, shape, moe).to(args.device)
+    if args.embedding_std is not None:
+        torch.nn.init.normal_(model.model.word_embeddings.weight, std=args.embedding_std)
+    optim = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    data_rng = random.Random(args.seed)
+    noise = torch.Generator().manual_seed(args.seed)
+    curriculum = Curriculum(names, linear_steps=args.curriculum_steps, threshold=args.curriculum_threshold)
+    step = 0
+    state_path = args.out / "state.pt"
+    if args.init_from is not None:
+        try:
+            init_from(args.init_from, model, curriculum)
+        except (OSError, KeyError, ValueError, RuntimeError) as exc:
+            ap.error(f"--init-from {args.init_from}: not a saved training state of this shape ({exc!r})")
+        print(f"initialised from {args.init_from}", flush=True)
+    if args.resume and state_path.exists():
+        state = torch.load(state_path, weights_only=False, map_location=args.device)
+        model.load_state_dict(state["model"])
+        optim.load_state_dict(state["optim"])
+        data_rng.setstate(state["data_rng"])
+        noise.set_state(state["noise"])
+        try:
+            curriculum.load_state_dict(state["curriculum"])
+        except ValueError as exc:
+            ap.error(f"--resume: {exc}")
+        step = state["step"]
+        print(f"resumed at step {step}", flush=True)
+    params = sum(p.numel() for p in model.parameters())
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    active = params - experts + experts * moe["experts_per_token"] // moe["num_experts"]
+    log = (args.out / "train_log.jsonl").open("a")
+    print(f"{params / 1e6:.2f}M parameters ({active / 1e6:.2f}M active per token); vocab {ids['vocab_size']}",
+          flush=True)
+
+    start = time.time()
+    model.train()
+    while step < args.steps:
+        if args.minutes is not None and time.time() - start > args.minutes * 60:
+            break
+        task = curriculum.task(cycle[step % len(cycle)], step)
+        _, prompts, canvases = make_batch(task, encoder, data_rng, batch_sizes[task.name])
+        canvases = [llada2.extend_to_block(c, len(p), args.block_length, ids["eos"]) for p, c in zip(prompts, canvases)]
+        for group in optim.param_groups:
+            group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
+        loss, stats = llada2.block_diffusion_loss(
+            model, prompts, canvases, args.block_length, ids["mask"], noise, pad_id=ids["eos"],
+            edit_ratio=args.edit_ratio, edit_weight=args.edit_weight,
+        )
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optim.step()
+        model.balance(args.bias_update)
+        step += 1
+        record = {"step": step, "task": task.name, "loss": round(loss.item(), 4),
+                  **{k: None if v is None else round(v, 3) for k, v in stats.items()},
+                  "elapsed_s": round(time.time() - start, 1)}
+        accuracy = stats["answer_accuracy"]
+        if accuracy is not None and curriculum.observe(task.name, accuracy):
+            record["level"] = curriculum.levels[task.name]
+        if step % args.eval_every == 0 or step == args.steps:
+            model.eval()
+            record["accuracy"] = {
+                t.name: evaluate_llada2(model, t, encoder, args.eval_n, 1, args.block_length, args.eval_threshold)
+                for t in tasks
+            }
+            if any(curriculum.level(t.name, step) < 1.0 for t in tasks):
+                record["accuracy_at_curriculum_sizes"] = {
+                    t.name: evaluate_llada2(model, curriculum.task(t.name, step), encoder, args.eval_n, 1,
+                                            args.block_length, args.eval_threshold)
+                    for t in tasks
+                }
+            model.train()
+        log.write(json.dumps(record) + "\n")
+        log.flush()
+        if step % 20 == 0 or "accuracy" in record or "level" in record:
+            print(json.dumps(record), flush=True)
+        if step % args.save_every == 0:
+            save_state(state_path, model, optim, data_rng, noise, step, args, curriculum)
+    save_state(state_path, model, optim, data_rng, noise, step, args, curriculum)
+    export_llada2(model, args.out / "model", shape, moe, args.max_len, tasks, args.checkpoint_dtype)
+    print(f"wrote {args.out / 'model'} after {step} steps", flush=True)
+    return 0
 
 
 def main(argv=None) -> int:
@@ -285,7 +484,8 @@ def main(argv=None) -> int:
     ap.add_argument("--curriculum-threshold", type=float, default=0.0,
                     help="adaptive curriculum: raise a task's sizes a tenth of the way whenever its running "
                          "masked-answer accuracy passes this (e.g. 0.9)")
-    ap.add_argument("--tasks", default="retrieval,addition,copy,reverse")
+    ap.add_argument("--tasks", default="retrieval,addition,copy,reverse",
+                    help="task names, or all (the original four), hard (sort, multiply, chain, brackets), every")
     ap.add_argument("--task-weights", default="",
                     help="steps per task in each cycle, e.g. retrieval=4,addition=2 (others 1)")
     ap.add_argument("--batch-sizes", default="",
@@ -311,6 +511,29 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu", help="e.g. cuda on a GPU machine")
     ap.add_argument("--export", type=pathlib.Path, default=None,
                     help="write the checkpoint of OUT/state.pt to this folder and exit (no training)")
+    ap.add_argument("--arch", default="llada", choices=["llada", "llada2"],
+                    help="llada: LLaDA-format model, masked diffusion; llada2: LLaDA2.x format (llada2_moe), "
+                         "block diffusion with token editing")
+    group = ap.add_argument_group("--arch llada2")
+    group.add_argument("--kv-heads", type=int, default=None, help="key/value heads (default: --heads)")
+    group.add_argument("--experts", type=int, default=16)
+    group.add_argument("--experts-per-token", type=int, default=4)
+    group.add_argument("--expert-groups", type=int, default=4, help="routing groups (n_group)")
+    group.add_argument("--topk-groups", type=int, default=2, help="groups kept per token (topk_group)")
+    group.add_argument("--moe-intermediate", type=int, default=128)
+    group.add_argument("--shared-experts", type=int, default=1)
+    group.add_argument("--dense-layers", type=int, default=1, help="first layers with a dense MLP")
+    group.add_argument("--block-length", type=int, default=32, help="block diffusion block size (the decoder's)")
+    group.add_argument("--edit-ratio", type=float, default=0.1,
+                       help="LLaDA2.1 token editing: share of unmasked canvas tokens replaced by other tokens "
+                            "(0: LLaDA2.0's objective alone)")
+    group.add_argument("--edit-weight", type=float, default=1.0,
+                       help="weight of the unmasked positions' loss (per canvas position)")
+    group.add_argument("--bias-update", type=float, default=1e-3,
+                       help="auxiliary-loss-free balancing: expert bias step after each optimizer step")
+    group.add_argument("--eval-threshold", type=float, default=0.95, help="LLaDA2.0 threshold of the held-out eval")
+    group.add_argument("--checkpoint-dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                       help="dtype of the written checkpoint's weights")
     args = ap.parse_args(argv)
 
     if args.threads:
@@ -325,12 +548,17 @@ def main(argv=None) -> int:
         step = export_saved(state_path, args.export)
         print(f"wrote {args.export} from step {step}", flush=True)
         return 0
+    if args.arch == "llada2":
+        return train_llada2(args, ap)
     args.out.mkdir(parents=True, exist_ok=True)
     tok_dir = args.out / "tokenizer"
     tok_dir.mkdir(exist_ok=True)
     ids = build_tokenizer(tok_dir, args.max_len)
     encoder = Encoder(tok_dir, ids)
-    tasks = [TASKS[name] for name in args.tasks.split(",")]
+    try:
+        tasks = resolve_tasks(args.tasks)
+    except ValueError as exc:
+        ap.error(f"--tasks: {exc}")
     names = [t.name for t in tasks]
     try:
         cycle = task_cycle(names, parse_task_values(args.task_weights, names, "--task-weights"))

@@ -9,7 +9,7 @@ a task's mechanism forms cannot be planned in advance.
 
 from __future__ import annotations
 
-from vllm_dllm.tasks import TASKS, Addition, Copy, Retrieval, Task
+from vllm_dllm.tasks import ALL_TASKS, Addition, Brackets, Chain, Copy, Multiply, Retrieval, Sort, Task
 
 
 def task_at(name: str, level: float) -> Task:
@@ -18,7 +18,16 @@ def task_at(name: str, level: float) -> Task:
     def grow(small: int, full: int) -> int:
         return round(small + (full - small) * min(1.0, max(0.0, level)))
 
-    full = TASKS[name]
+    full = ALL_TASKS[name]
+    if isinstance(full, Sort):
+        return Sort(grow(2, full.min_count), grow(3, full.max_count), full.max_value)
+    if isinstance(full, Multiply):
+        return Multiply(grow(1, full.max_digits_a), grow(1, full.max_digits_b))
+    if isinstance(full, Chain):
+        # One link and one value first, as retrieval starts with two pairs.
+        return Chain(grow(2, full.min_pairs), grow(2, full.max_pairs))
+    if isinstance(full, Brackets):
+        return Brackets(grow(2, full.min_len), grow(6, full.max_len), grow(3, full.max_depth))
     if isinstance(full, Retrieval):
         # Two pairs first: with one distractor the matching key is learned in a few
         # hundred steps; with 2-8 pairs it had not formed after 1400 (training log, run 5).

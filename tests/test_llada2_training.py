@@ -1,0 +1,214 @@
+"""`train --arch llada2`: a LLaDA2.x-format task model trained with block diffusion and
+token editing, written as an unmodified LLaDA2 checkpoint that the independent oracle
+(tests/oracle_llada2.py) and the plugin's model class load."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from tests.oracle_llada2 import block_causal_mask as oracle_mask
+from tests.oracle_llada2 import llada2_generate, load_llada2_oracle
+from vllm_dllm.tasks import ALL_TASKS, TEST
+from vllm_dllm.tools import train
+from vllm_dllm.training import llada2
+
+MOE = dict(num_experts=8, experts_per_token=2, n_group=4, topk_group=2, moe_intermediate=32, shared_experts=1,
+           dense_layers=1)
+SHAPE = dict(hidden=64, layers=3, heads=4, kv_heads=2, intermediate=96, rope_theta=10000.0)
+SIZES = ["--hidden", "64", "--layers", "3", "--heads", "4", "--kv-heads", "2", "--intermediate", "96",
+         "--experts", "8", "--experts-per-token", "2", "--expert-groups", "4", "--topk-groups", "2",
+         "--moe-intermediate", "32", "--rope-theta", "10000", "--block-length", "8", "--threads", "1"]
+
+
+def _model(seed: int = 0) -> llada2.TrainableLLaDA2:
+    torch.manual_seed(seed)
+    model = llada2.TrainableLLaDA2(2304, **{k: SHAPE[k] for k in ("hidden", "layers", "heads", "kv_heads",
+                                                                  "intermediate")},
+                                   theta=SHAPE["rope_theta"], moe=MOE)
+    for moe in model.moe_layers():
+        moe.gate.expert_bias.normal_(0, 0.1)  # selection differs from the scores' own order
+    return model.eval()
+
+
+def _rows(rng: random.Random, n: int, block: int):
+    prompts = [[rng.randrange(2000) for _ in range(rng.randint(3, 20))] for _ in range(n)]
+    canvases = [llada2.extend_to_block([rng.randrange(2000) for _ in range(rng.randint(1, 12))], len(p), block, 7)
+                for p in prompts]
+    return prompts, canvases
+
+
+def test_two_copy_layout_attends_as_block_causal_decoding():
+    # With nothing masked, each noisy block sees what decoding's block-causal window
+    # sees (clean earlier blocks, itself): its logits are the plain forward's, and the
+    # clean copy's are too.  Rows of different lengths pad without leaking.
+    model, block = _model(), 8
+    prompts, canvases = _rows(random.Random(0), 4, block)
+    ids, positions, mask, valid, cols = llada2.two_copy_layout(prompts, canvases, block, pad=7)
+    hidden = model.hidden_states(ids, positions, mask, valid)
+    for i, (p, c) in enumerate(zip(prompts, canvases)):
+        seq = torch.tensor(p + c)
+        pos = torch.arange(len(seq))[None]
+        window = llada2.block_causal_mask(pos // block, torch.ones_like(pos, dtype=torch.bool))
+        plain = model.hidden_states(seq[None], pos, window)[0]
+        assert torch.allclose(hidden[i, cols[i, : len(c)]], plain[len(p):], atol=1e-5)
+        assert torch.allclose(hidden[i, : len(seq)], plain, atol=1e-5)
+        # Noisy queries never see the clean copy of their own block or later ones.
+        first = len(p) // block * block
+        noisy_q = len(seq)  # the first noisy row: block first // block
+        seen = mask[i, noisy_q, : len(seq)].nonzero().flatten()
+        assert int(seen.max()) < first if len(seen) else True
+
+
+def test_loss_masks_and_corrupts_only_the_canvas():
+    class Spy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = torch.nn.Linear(4, 2304, bias=False)
+            torch.nn.init.zeros_(self.head.weight)
+
+        def hidden_states(self, ids, positions, mask, valid):
+            self.seen = ids.clone()
+            return torch.ones(*ids.shape, 4)
+
+        def logits(self, hidden):
+            return self.head(hidden)
+
+    import math
+
+    block, mask_id = 8, 2289
+    prompts, canvases = _rows(random.Random(1), 32, block)
+    spy = Spy()
+    loss, _ = llada2.block_diffusion_loss(spy, prompts, canvases, block, mask_id, torch.Generator().manual_seed(0),
+                                          pad_id=7)
+    # Uniform predictions: every row costs ln V, whatever its number of masks (1/t weights).
+    assert loss.item() == pytest.approx(math.log(2304), rel=1e-5)
+    spy2 = Spy()
+    loss2, stats = llada2.block_diffusion_loss(spy2, prompts, canvases, block, mask_id,
+                                               torch.Generator().manual_seed(0), pad_id=7, edit_ratio=0.3)
+    replaced = masked = 0
+    _, _, _, _, cols = llada2.two_copy_layout(prompts, canvases, block, 7)
+    for i, (p, c) in enumerate(zip(prompts, canvases)):
+        row = spy2.seen[i]
+        assert row[: len(p) + len(c)].tolist() == p + c, "the clean copy is clean"
+        canvas = row[cols[i, : len(c)]]
+        masked += int((canvas == mask_id).sum())
+        replaced += int(((canvas != mask_id) & (canvas != torch.tensor(c))).sum())
+        assert 1 <= int((canvas == mask_id).sum()) <= len(c)
+        first = len(p) // block * block
+        assert row[len(p) + len(c): len(p) + len(c) + len(p) - first].tolist() == p[first:], "prompt stays clean"
+    assert replaced > 0 and masked > 0
+    # Masked tokens at 1/k, plus every unmasked canvas position at 1/G: more than ln V.
+    assert loss2.item() > loss.item() and stats["edit_fixed"] is not None
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("llada2-run")
+    common = ["--arch", "llada2", "--out", str(out), *SIZES, "--tasks", "addition,multiply,brackets",
+              "--lr", "3e-3", "--warmup", "5", "--eval-every", "1000", "--eval-n", "4", "--save-every", "20",
+              "--checkpoint-dtype", "float32", "--edit-ratio", "0.2"]
+    assert train.main([*common, "--steps", "40"]) == 0
+    assert train.main([*common, "--steps", "45", "--resume", "--eval-every", "45"]) == 0
+    return out
+
+
+def test_training_lowers_the_loss_and_resumes(trained):
+    log = [json.loads(line) for line in (trained / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == list(range(1, 46)), "resumed after step 40, not from scratch"
+    losses = [r["loss"] for r in log]
+    first, last = sum(losses[:6]) / 6, sum(losses[34:40]) / 6
+    assert last < 0.6 * first, (first, last)
+    assert log[-1]["edit_kept"] is not None and set(log[-1]["accuracy"]) == {"addition", "multiply", "brackets"}
+    state = torch.load(trained / "state.pt", weights_only=False)
+    biases = [v for k, v in state["model"].items() if k.endswith("expert_bias")]
+    assert len(biases) == 2 and all(b.abs().sum() > 0 for b in biases), "balancing moved the expert biases"
+
+
+def test_checkpoint_is_a_llada2_release_folder(trained):
+    model_dir = trained / "model"
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config["architectures"] == ["LLaDA2MoeModelLM"] and config["model_type"] == "llada2_moe"
+    assert (config["hidden_size"], config["num_key_value_heads"], config["num_experts"]) == (64, 2, 8)
+    assert config["first_k_dense_replace"] == 1 and config["use_qk_norm"] and config["partial_rotary_factor"] == 0.5
+    assert config["rope_theta"] == 10000.0 and config["vocab_size"] == 2304
+    generation = json.loads((model_dir / "generation_config.json").read_text())
+    assert generation["max_new_tokens"] == max(ALL_TASKS[n].gen_length for n in ("addition", "multiply", "brackets"))
+    from safetensors.torch import load_file
+
+    names = set(load_file(str(model_dir / "model.safetensors")))
+    assert "model.layers.0.mlp.gate_proj.weight" in names and "model.layers.1.mlp.gate.expert_bias" in names
+    assert "model.layers.2.mlp.experts.7.down_proj.weight" in names and "lm_head.weight" in names
+    assert "model.layers.1.mlp.shared_experts.up_proj.weight" in names
+    # --export writes the same folder from the saved state.
+    exported = trained / "exported"
+    assert train.main(["--out", str(trained), "--export", str(exported)]) == 0
+    for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json"):
+        assert (exported / name).read_bytes() == (model_dir / name).read_bytes(), name
+
+
+def test_oracle_logits_equal_the_training_forward(trained):
+    # The oracle reads only the folder; the training model reads the saved state.  Both
+    # float32, one whole-window block-causal forward: they differ by the order of float
+    # sums only (SDPA vs an explicit softmax, routed experts gathered vs evaluated
+    # densely), ~1e-5 here; a wrong name, routing choice, norm or RoPE detail moves
+    # logits by 1e-1 or more.  Blocks of 8 over a 37-token task prompt and canvas.
+    model_dir = trained / "model"
+    oracle = load_llada2_oracle(str(model_dir))
+    state = torch.load(trained / "state.pt", weights_only=False)
+    ids = llada2.build_llada2_tokenizer(trained / "tok-check", 512)
+    model = llada2.build_model(ids, SHAPE, MOE)
+    model.load_state_dict(state["model"])
+    model.eval()
+    encoder = train.Llada2Encoder(trained / "tokenizer", ids)
+    inst = ALL_TASKS["multiply"].sample(random.Random(0), TEST)
+    tokens = torch.tensor(encoder.prompt(inst.prompt) + encoder.canvas(inst.answer, 8) + [ids["mask"]] * 6)
+    want = oracle.forward(tokens, oracle_mask(len(tokens), 8))
+    pos = torch.arange(len(tokens))[None]
+    got = model.logits(model.hidden_states(tokens[None], pos, llada2.block_causal_mask(
+        pos // 8, torch.ones_like(pos, dtype=torch.bool))))[0]
+    assert (got - want).abs().max().item() < 1e-4 * max(1.0, want.abs().max().item())
+
+
+def test_the_plugin_serves_the_trained_checkpoint(trained):
+    # One engine: the checkpoint loads unmodified through vLLM, the chat prompt is the
+    # training encoder's, and greedy LLaDA2.0 decoding gives the oracle's tokens on
+    # prompts whose reference run has no exact tie.
+    from vllm import SamplingParams
+
+    from vllm_dllm import eval as task_eval
+
+    model_dir = trained / "model"
+    runner = task_eval.OfflineRunner(
+        str(model_dir),
+        dict(dtype="float32", max_model_len=256, max_num_seqs=8, kv_cache_memory_bytes=64 << 20,
+             enforce_eager=True, gpu_memory_utilization=0.3, seed=0),
+    )
+    try:
+        assert not runner.exact, "LLaDA2 decodes with the model's defaults in the eval"
+        ids = llada2.build_llada2_tokenizer(trained / "tok-serve", 512)
+        encoder = train.Llada2Encoder(trained / "tokenizer", ids)
+        rng = random.Random(3)
+        items = [ALL_TASKS[name].sample(rng, TEST) for name in ("addition", "multiply", "brackets") for _ in range(2)]
+        prompts = [runner.prompt_ids(i.prompt) for i in items]
+        assert prompts == [encoder.prompt(i.prompt) for i in items]
+        params = SamplingParams(max_tokens=16, temperature=0.0, extra_args={"block_length": 8, "steps": 8})
+        outs = runner.generate(prompts, params)
+        assert all(len(o.token_ids) >= 1 for o in outs)
+        oracle = load_llada2_oracle(str(model_dir))
+        compared = 0
+        for prompt, out in zip(prompts, outs):
+            want = llada2_generate(oracle, prompt, gen_length=16, mask_id=ids["mask"], eos_id=ids["eos"],
+                                   block_length=8, steps=8)
+            if want.ties:
+                continue
+            assert list(out.token_ids) == want.tokens
+            compared += 1
+        assert compared >= 3
+        result = task_eval.evaluate_task(runner, ALL_TASKS["brackets"], 4, seed=0, xargs={"block_length": 8})
+        assert result.n == 4 and result.denoising_steps > 0
+    finally:
+        runner.engine.engine_core.shutdown()
