@@ -5,7 +5,8 @@
 #
 #   bash benchmarks/gpu_session.sh check   # ~1 min: step_bench at toy sizes on CUDA
 #                                          #  (every case and branch), then the Triton
-#                                          #  kernels compiled, against their torch references
+#                                          #  kernels compiled, against their torch references,
+#                                          #  and the start-up self-check (worker/self_check.py)
 #   bash benchmarks/gpu_session.sh bench   # the LLaDA-8B-shaped step_bench (bf16)
 #
 # `check` first: it fails in seconds where the long run would fail after minutes.
@@ -24,6 +25,11 @@ cd "$(dirname "$0")/.."
 case "$stage" in
 check)
     "$py" benchmarks/step_bench.py --smoke --out "$out/smoke" 2>&1 | tee "$out/smoke.log" || exit 1
+    # The serving warm-up's self-check (Triton/flash attention + CUDA graphs, Triton
+    # Philox, against the torch references) on a plain-torch model, in bf16 and fp32.
+    for dtype in bfloat16 float32; do
+        "$py" -m vllm_dllm.worker.self_check --dtype $dtype 2>&1 | tee -a "$out/self-check.log"
+    done
     "$py" -m pytest -q -p no:cacheprovider tests/test_step_bench.py tests/test_triton_attention.py \
         tests/test_philox.py 2>&1 | tee "$out/triton-tests.log"
     ;;

@@ -27,6 +27,9 @@ class FakeRunner:
     def profile_step(self):
         self.events.append("profile step")
 
+    def self_check(self):
+        self.events.append("self check")
+
 
 @pytest.fixture
 def events(monkeypatch):
@@ -69,8 +72,8 @@ def test_a_budget_below_zero_is_zero(events):
     assert worker(events, requested=20 * GIB).determine_available_memory() == 0
 
 
-def test_warm_up_runs_a_step_with_the_pool_bound(events, monkeypatch):
+def test_warm_up_runs_a_step_with_the_pool_bound_then_the_self_check(events, monkeypatch):
     monkeypatch.setattr(gpu_worker.torch.cuda, "synchronize", lambda: events.append("sync"))
     times = worker(events).compile_or_warm_up_model()
-    assert events == ["profile step", "sync"]
+    assert events == ["profile step", "sync", "self check"]
     assert times.language_model == 0.0  # nothing is compiled by torch.compile

@@ -26,7 +26,20 @@ except ImportError:  # pragma: no cover
     tl = None
     HAS_TRITON = False
 
-__all__ = ["HAS_TRITON", "uniform_rows_triton"]
+# HAS_TRITON: Triton is installed and the kernel serves sampling (decoding/sampling.py
+# reads it at each draw); disable() clears it when the start-up self-check
+# (worker/self_check.py) finds the kernel disagreeing with the torch Philox.  The
+# kernel itself stays callable while Triton is installed.
+TRITON_INSTALLED = HAS_TRITON
+disabled_reason: str | None = None
+
+__all__ = ["HAS_TRITON", "disable", "uniform_rows_triton"]
+
+
+def disable(reason: str) -> None:
+    """Sampling draws with the torch Philox from now on, in this process."""
+    global HAS_TRITON, disabled_reason
+    HAS_TRITON, disabled_reason = False, reason
 
 _UNIFORM_BLOCK = 1024
 
@@ -108,7 +121,7 @@ _INTERPRETED = HAS_TRITON and type(_uniform_rows_kernel).__name__ == "Interprete
 
 
 def _require_triton(device: torch.device | None = None) -> None:
-    if not HAS_TRITON:
+    if not TRITON_INSTALLED:
         raise RuntimeError("vllm_dllm.engine.triton_philox needs triton, which is not installed")
     if device is not None and device.type == "cpu" and not _INTERPRETED:
         raise ValueError(

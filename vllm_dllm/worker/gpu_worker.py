@@ -46,4 +46,7 @@ class DiffusionGPUWorker(Worker):
         self.model_runner.profile_step()
         torch.cuda.synchronize()
         logger.info("Diffusion step warmed up with the KV pool in %.1f s", time.perf_counter() - start)
+        # The CUDA attention path, its graphs and the Triton Philox against their
+        # torch references (worker/self_check.py): fall back, or refuse a forced backend.
+        self.model_runner.self_check()
         return CompilationTimes(language_model=0.0, encoder=0.0)

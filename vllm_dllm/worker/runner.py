@@ -22,7 +22,7 @@ from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsLists, ModelRunnerOutput
 
-from vllm_dllm.attention.backends import select_backend
+from vllm_dllm.attention.backends import TorchAttention, select_backend
 from vllm_dllm.engine.engine import StepEngine
 from vllm_dllm.engine.graphs import capture_cuda_graph
 from vllm_dllm.options import resolve
@@ -88,23 +88,50 @@ class DiffusionModelRunner:
         logger.info("Diffusion model loaded; special ids %s", special_ids(self.model_config, self.defaults.kind))
         self._build_engine()
 
+    # Set when the start-up self-check finds the CUDA attention path wrong: the torch
+    # backend without graphs from then on (engine rebuilds included).
+    _torch_fallback = False
+
     def _build_engine(self) -> None:
-        self.engine = StepEngine(
-            self.model,
+        self.engine = StepEngine(**self._engine_kwargs())
+
+    def _engine_kwargs(self, backend=None) -> dict:
+        if self._torch_fallback:
+            backend = TorchAttention()
+        return dict(
+            model=self.model,
             kind=self.defaults.kind,
             ids=special_ids(self.model_config, self.defaults.kind),
             capacity=self.vllm_config.scheduler_config.max_num_seqs,
             max_model_len=self.model_config.max_model_len,
             block_size=self.block_size,
             max_num_logits=self.defaults.max_num_logits,
-            backend=select_backend(self.device, self.defaults.attention_backend),
+            backend=backend or select_backend(self.device, self.defaults.attention_backend),
             device=self.device,
-            cuda_graphs=not self.model_config.enforce_eager,
+            cuda_graphs=not self.model_config.enforce_eager and not self._torch_fallback,
             graph_capture=self._graph_capture(),
             model_context=self._forward_context,
             prefill_chunk=prefill_chunk(self.vllm_config),
             max_logprobs=self.model_config.max_logprobs,
         )
+
+    def self_check(self) -> None:
+        """At warm-up, the KV pool bound: on CUDA the chosen attention backend, its
+        graphs and the Triton Philox against their torch references
+        (worker/self_check.py); on a CPU they are the references."""
+        if self.device.type == "cuda" and self.kv_caches:
+            self._self_check()
+
+    def _self_check(self) -> None:
+        from vllm_dllm.worker import self_check
+
+        keep = self_check.run(
+            self._engine_kwargs(backend=self.engine.backend), self.defaults, num_blocks=self.kv_caches[0].shape[0],
+            vocab_size=self.model_config.get_vocab_size(), dtype=self.model_config.dtype,
+        )
+        if not keep:
+            self._torch_fallback = True
+            self._build_engine()
 
     def _forward_context(self, num_tokens: int):
         """vLLM's forward context around a forward: its fused MoE layers find
