@@ -367,6 +367,39 @@ def test_streaming_chat_matches_non_streaming(server, client):
     assert "assistant" in roles
 
 
+def test_completion_logprobs_stream_as_they_are_returned(server, client):
+    body = dict(prompt="hello", max_tokens=16, temperature=0.0, logprobs=2, vllm_xargs={"steps": 16, "block_length": 8})
+    full = complete(client, server, **body)["choices"][0]
+    logprobs = full["logprobs"]
+    assert len(logprobs["tokens"]) == len(logprobs["token_logprobs"]) == len(logprobs["top_logprobs"]) > 0
+    assert all(lp <= 0 for lp in logprobs["token_logprobs"])
+    assert all(1 <= len(top) <= 3 for top in logprobs["top_logprobs"])  # the token and the top 2
+    events = sse_events(client, server, "/v1/completions", body)
+    streamed = [lp for e in events for c in e.get("choices", []) if c.get("logprobs")
+                for lp in c["logprobs"]["token_logprobs"]]
+    assert streamed == logprobs["token_logprobs"]
+
+
+def test_the_openai_sdk_reads_logprobs_sync_and_streaming(server):
+    import openai
+
+    sdk = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", timeout=REQUEST_TIMEOUT_S)
+    messages = [{"role": "user", "content": "Tell me a story."}]
+    xargs = {"vllm_xargs": {"steps": 16, "block_length": 8}}
+    full = sdk.chat.completions.create(model=server.model, messages=messages, max_tokens=16, temperature=0.0,
+                                       logprobs=True, top_logprobs=2, extra_body=xargs)
+    content = full.choices[0].logprobs.content
+    assert content and all(entry.logprob <= 0 and len(entry.top_logprobs) == 2 for entry in content)
+    stream = sdk.chat.completions.create(model=server.model, messages=messages, max_tokens=16, temperature=0.0,
+                                         logprobs=True, top_logprobs=2, stream=True, extra_body=xargs)
+    streamed = [entry.logprob for chunk in stream for choice in chunk.choices
+                if choice.logprobs and choice.logprobs.content for entry in choice.logprobs.content]
+    assert streamed == [entry.logprob for entry in content]
+    completion = sdk.completions.create(model=server.model, prompt="hello", max_tokens=16, temperature=0.0,
+                                        logprobs=1, extra_body=xargs)
+    assert len(completion.choices[0].logprobs.token_logprobs) == len(completion.choices[0].logprobs.tokens) > 0
+
+
 # --------------------------------------------------------------------------------------
 # 4. options and validation
 # --------------------------------------------------------------------------------------
@@ -422,9 +455,7 @@ BAD_REQUESTS = [
     ("min_p-greedy", "completions", {"max_tokens": 16, "temperature": 0, "min_p": 0.1}, ["'min_p' is not supported by diffusion decoding"]),
     ("min_p-default-temperature", "chat", {"max_tokens": 16, "min_p": 0.1}, ["'min_p' is not supported by diffusion decoding"]),
     ("logit_bias", "completions", {"max_tokens": 16, "logit_bias": {"5": 1.0}}, ["logit_bias"]),
-    ("logprobs", "completions", {"max_tokens": 16, "logprobs": 2}, ["logprobs"]),
     ("prompt_logprobs", "completions", {"max_tokens": 16, "prompt_logprobs": 1}, ["prompt_logprobs"]),
-    ("chat-logprobs", "chat", {"max_tokens": 16, "logprobs": True, "top_logprobs": 2}, ["logprobs"]),
     ("json_schema", "chat", {"max_tokens": 16, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}}, ["structured_outputs"]),
     ("json_object", "completions", {"max_tokens": 16, "response_format": {"type": "json_object"}}, ["structured_outputs"]),
     ("structured_outputs", "completions", {"max_tokens": 16, "structured_outputs": {"choice": ["yes", "no"]}}, ["structured_outputs"]),
@@ -434,7 +465,7 @@ BAD_REQUESTS = [
     ("min_p", "completions", {"max_tokens": 16, "temperature": 0.5, "min_p": 0.1}, ["min_p"]),
     ("allowed_token_ids", "completions", {"max_tokens": 16, "allowed_token_ids": [5, 6, 7]}, ["allowed_token_ids"]),
     ("bad_words", "completions", {"max_tokens": 16, "bad_words": ["hello"]}, ["bad_words"]),
-    ("beam-search", "completions", {"max_tokens": 16, "use_beam_search": True, "n": 2}, []),
+    ("beam-search", "completions", {"max_tokens": 16, "use_beam_search": True, "n": 2}, ["beam search is not supported"]),
     ("max_tokens-0", "completions", {"max_tokens": 0}, ["max_tokens"]),
     ("max_tokens-negative", "completions", {"max_tokens": -4}, ["max_tokens"]),
     ("max_tokens-huge", "completions", {"max_tokens": 100000}, ["max_tokens"]),
@@ -741,7 +772,7 @@ LOAD_INVALID = [
     ({"prompt": "hi", "max_tokens": 8, "vllm_xargs": {"nope": 1}}, "nope"),
     ({"prompt": "hi", "max_tokens": 8, "vllm_xargs": {"steps": "4"}}, "steps"),
     ({"prompt": "hi", "max_tokens": 8, "logit_bias": {"3": 2.0}}, "logit_bias"),
-    ({"prompt": "hi", "max_tokens": 8, "logprobs": 1}, "logprobs"),
+    ({"prompt": "hi", "max_tokens": 8, "presence_penalty": 0.5}, "presence_penalty"),
     ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
     ({"prompt": "abc " * 300, "max_tokens": 8}, "context length"),
 ]

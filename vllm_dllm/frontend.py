@@ -1,6 +1,6 @@
 """HTTP front-end checks for `vllm serve`: a `vllm.endpoint_plugins` entry point.
 
-Four gaps of vLLM 0.32's OpenAI server that request validation alone cannot close:
+Five gaps of vLLM 0.32's OpenAI server that request validation alone cannot close:
 
 - Streaming status.  vLLM runs the logits processors' `validate_params` (our
   validation.py) inside `AsyncLLM.generate`, which a streaming response only
@@ -14,6 +14,10 @@ Four gaps of vLLM 0.32's OpenAI server that request validation alone cannot clos
   the top-k/top-p set even at temperature 0; LLaDA and min_p are refused at any
   temperature), so the raw request body is checked here and answered with a 400
   saying how to pass the value instead.
+- Beam search.  vLLM's beam search runs as requests of one generated token whose
+  logprobs rank the beams; each is a valid one-position canvas, so nothing later
+  refuses it, but it is not diffusion decoding: the body's `use_beam_search` is
+  answered with a 400 here.
 - Log noise.  vLLM's stream generators log any exception of the stream with
   `logger.exception` (a 30-line ERROR traceback), a refused request's
   VLLMValidationError too, where a refused non-streaming request logs only its
@@ -98,6 +102,16 @@ class ServedModel:
             from vllm_dllm.validation import unsupported
 
             return unsupported("min_p"), "min_p"
+        return None
+
+
+    @staticmethod
+    def beam_search_problem(body: Any) -> tuple[str, str] | None:
+        """vLLM's beam search grows a prompt one token per request, each a canvas of
+        one position: not diffusion decoding, so it is refused rather than run."""
+        if isinstance(body, dict) and body.get("use_beam_search") is True:
+            return ("beam search is not supported by diffusion decoding: a step denoises a whole canvas, "
+                    "not one next token", "use_beam_search")
         return None
 
 
@@ -188,7 +202,7 @@ class DiffusionRequestGuard:
             body = json.loads(raw) if raw else None
         except ValueError:
             body = None  # vLLM answers malformed JSON itself
-        problem = served.dropped_field_problem(body)
+        problem = served.dropped_field_problem(body) or served.beam_search_problem(body)
         if problem is not None:
             return await _send_json(send, 400, _error_body(*problem))
         filled = served.with_default_max_tokens(body)
