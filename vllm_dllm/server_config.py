@@ -8,6 +8,7 @@ a pickled copy of the config) see exactly what the front end validated against.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -145,6 +146,9 @@ class DiffusionConfigHook:
                         f"reference decoding has no top-k/top-p filter; remove '{key}'"
                     )
         defaults = ServerDefaults.build(kind, gen_config, additional.get(USER_KEY, {}))
+        defaults = dataclasses.replace(defaults, sparse_refusal=_sparse_refusal(vllm_config))
+        if defaults.overrides.get("cache") == "sparse" and defaults.sparse_refusal:
+            raise OptionError(f"{USER_KEY} 'cache': {defaults.sparse_refusal}")
         additional[RESOLVED_KEY] = defaults.to_dict()
         _process_defaults = defaults
 
@@ -200,6 +204,22 @@ class DiffusionConfigHook:
         processors = list(model_config.logits_processors or [])
         if VALIDATOR_CLS not in processors:
             model_config.logits_processors = [VALIDATOR_CLS, *processors]
+
+
+def _sparse_refusal(vllm_config) -> str | None:
+    """The sparse cache ranks a KV head's positions by the attention of its query
+    heads.  With fewer KV heads than tensor-parallel ranks vLLM replicates each KV
+    head on ranks that hold different query heads, so each copy would keep other
+    positions than one device does."""
+    tp = vllm_config.parallel_config.tensor_parallel_size
+    kv_heads = vllm_config.model_config.get_total_num_kv_heads()
+    if tp <= kv_heads:
+        return None
+    return (
+        f"the sparse KV cache is not supported with --tensor-parallel-size {tp} on a model with {kv_heads} "
+        f"KV head(s): each KV head is replicated on ranks holding different query heads, which would keep "
+        f"different positions; use cache 'dual', or a tensor-parallel size of at most {kv_heads}"
+    )
 
 
 def prefill_chunk(vllm_config) -> int:

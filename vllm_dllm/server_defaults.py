@@ -36,6 +36,8 @@ class ServerDefaults:
     max_num_logits: int = DEFAULT_MAX_NUM_LOGITS
     admission: str = "greedy"  # see scheduler/plan.py: greedy, lookahead, reserve, static
     attention_backend: str | None = None  # None: chosen by device
+    # Why this deployment refuses the sparse KV cache (server_config.py), if it does.
+    sparse_refusal: str | None = None
 
     @classmethod
     def build(
@@ -89,6 +91,7 @@ class ServerDefaults:
             "max_num_logits": self.max_num_logits,
             "admission": self.admission,
             "attention_backend": self.attention_backend,
+            "sparse_refusal": self.sparse_refusal,
         }
 
     @classmethod
@@ -99,4 +102,11 @@ class ServerDefaults:
             max_num_logits=int(data["max_num_logits"]),
             admission=data.get("admission", "greedy"),
             attention_backend=data.get("attention_backend"),
+            sparse_refusal=data.get("sparse_refusal"),
         )
+
+    def deployment_problem(self, options) -> str | None:
+        """Why this server cannot run a request's resolved options, if it cannot."""
+        if self.sparse_refusal and getattr(options, "cache", None) == "sparse":
+            return self.sparse_refusal
+        return None

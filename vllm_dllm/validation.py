@@ -52,7 +52,7 @@ class DiffusionParamsValidator(LogitsProcessor):
             if is_set(sampling_params):
                 raise VLLMValidationError(unsupported(name), parameter=name)
         try:
-            resolve(
+            options = resolve(
                 defaults,
                 max_tokens=sampling_params.max_tokens,
                 temperature=sampling_params.temperature,
@@ -62,6 +62,9 @@ class DiffusionParamsValidator(LogitsProcessor):
             )
         except OptionError as err:
             raise VLLMValidationError(str(err)) from err
+        problem = defaults.deployment_problem(options)
+        if problem:
+            raise VLLMValidationError(problem, parameter="cache")
 
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
         # vLLM's stock runners instantiate every configured processor; as one it is

@@ -169,6 +169,9 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             )
         except OptionError as err:
             return str(err)
+        problem = self.defaults.deployment_problem(options)
+        if problem:
+            return problem
         options = options.placed(request.num_prompt_tokens)
         seq_len = request.num_prompt_tokens + options.gen_length
         if seq_len > self.max_model_len:
