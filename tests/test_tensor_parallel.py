@@ -133,3 +133,21 @@ def test_sparse_kv_is_refused_where_kv_heads_are_replicated(served):
         llm.generate([{"prompt_token_ids": [5, 6, 7]}], [params], use_tqdm=False)
     ok = SamplingParams(max_tokens=16, extra_args={"steps": 16, "block_length": 8, "cache": "dual"})
     assert len(llm.generate([{"prompt_token_ids": [5, 6, 7]}], [ok], use_tqdm=False)[0].outputs[0].token_ids) == 16
+
+
+def test_the_sparse_refusal_depends_on_kv_heads_per_rank():
+    from types import SimpleNamespace
+
+    from vllm_dllm.server_config import _sparse_refusal
+
+    def config(tp: int, kv_heads: int):
+        return SimpleNamespace(parallel_config=SimpleNamespace(tensor_parallel_size=tp),
+                               model_config=SimpleNamespace(get_total_num_kv_heads=lambda: kv_heads))
+
+    assert _sparse_refusal(config(1, 1)) is None
+    assert _sparse_refusal(config(2, 2)) is None  # one whole KV head per rank
+    assert _sparse_refusal(config(8, 4)) == (
+        "the sparse KV cache is not supported with --tensor-parallel-size 8 on a model with 4 KV head(s): each KV "
+        "head is replicated on ranks holding different query heads, which would keep different positions; use "
+        "cache 'dual', or a tensor-parallel size of at most 4"
+    )
