@@ -57,6 +57,40 @@ def llada_ids(model_dir: str) -> dict:
     return {"mask": config["mask_token_id"], "eos": config["eos_token_id"], "eot": vocab.get("<|eot_id|>")}
 
 
+def compare_with_oracle(llm, cases, rng, reference, extra_request=None) -> int:
+    """One draw: every case batched (with `extra_request`, a (prompt, params) pair
+    that asks for no logprobs), each tie-free one checked against
+    `reference(case, prompt, commit_logits) -> (tokens, ties, result)`.  Returns how
+    many were compared."""
+    prompts = [random_prompt(rng, case[1]) for case in cases]
+    params = [SamplingParams(max_tokens=n, temperature=t, seed=seed, extra_args=dict(extra), logprobs=k)
+              for _, _, n, extra, t, seed, k in cases]
+    requests = [*zip(prompts, params), *([extra_request] if extra_request else [])]
+    outs = llm.generate([{"prompt_token_ids": p} for p, _ in requests], [q for _, q in requests], use_tqdm=False)
+    compared = 0
+    for case, prompt, out in zip(cases, prompts, outs):
+        commit_logits: dict[int, torch.Tensor] = {}
+        tokens, ties, _ = reference(case, prompt, commit_logits)
+        if ties:
+            continue
+        assert list(out.outputs[0].token_ids) == tokens, case[0]
+        check_logprobs(case[0], out.outputs[0], commit_logits, case[6])
+        compared += 1
+    if extra_request:
+        # A request that asks for no logprobs gets none, and the same tokens as alone.
+        assert outs[-1].outputs[0].logprobs is None
+        alone = llm.generate([{"prompt_token_ids": extra_request[0]}], [extra_request[1]], use_tqdm=False)[0]
+        assert list(alone.outputs[0].token_ids) == list(outs[-1].outputs[0].token_ids)
+    return compared
+
+
+def serve(tiny_dirs, arch: str):
+    model_dir = tiny_dirs(arch)
+    llm = make_engine(model_dir)
+    yield model_dir, llm
+    close_engine(llm)
+
+
 LLADA_CASES = [
     # (name, prompt length, max_tokens, extra_args, temperature, seed, logprobs)
     ("blocks of 8, greedy", 7, 16, {"block_length": 8, "steps": 16}, 0.0, 0, 3),
@@ -69,10 +103,7 @@ LLADA_CASES = [
 
 @pytest.fixture(scope="module")
 def llada(tiny_dirs):
-    model_dir = tiny_dirs("llada")
-    llm = make_engine(model_dir)
-    yield model_dir, llm
-    close_engine(llm)
+    yield from serve(tiny_dirs, "llada")
 
 
 def test_llada_logprobs_are_the_committing_steps(llada):
@@ -80,36 +111,20 @@ def test_llada_logprobs_are_the_committing_steps(llada):
     ids = llada_ids(model_dir)
     model = oracle_model.load_oracle(model_dir)
     rng = random.Random(5)
+    plain = SamplingParams(max_tokens=16, temperature=0.0, extra_args={"block_length": 8, "steps": 16})
 
-    def compare(draw: int) -> int:
-        prompts = [random_prompt(rng, case[1]) for case in LLADA_CASES]
-        plain_prompt = random_prompt(rng, 8)
-        params = [SamplingParams(max_tokens=n, temperature=t, seed=seed, extra_args=dict(extra), logprobs=k)
-                  for _, _, n, extra, t, seed, k in LLADA_CASES]
-        plain = SamplingParams(max_tokens=16, temperature=0.0, extra_args={"block_length": 8, "steps": 16})
-        outs = llm.generate([{"prompt_token_ids": p} for p in [*prompts, plain_prompt]], [*params, plain],
-                            use_tqdm=False)
-        # A request that asks for no logprobs gets none, and the same tokens as alone.
-        assert outs[-1].outputs[0].logprobs is None
-        alone = llm.generate([{"prompt_token_ids": plain_prompt}], [plain], use_tqdm=False)[0]
-        assert list(alone.outputs[0].token_ids) == list(outs[-1].outputs[0].token_ids)
-        compared = 0
-        for (name, _, n, extra, t, seed, k), prompt, out in zip(LLADA_CASES, prompts, outs):
-            extra = {"block_length": n, "cfg_scale": 0.0, **extra}
-            commit_logits: dict[int, torch.Tensor] = {}
-            want = oracle.llada_generate(
-                model, prompt, gen_length=n, steps=extra.pop("steps"), block_length=extra.pop("block_length"),
-                temperature=t, cfg_scale=extra.pop("cfg_scale"), mask_id=ids["mask"], eos_id=ids["eos"],
-                eot_id=ids["eot"], seed=seed, commit_logits=commit_logits, **extra,
-            )
-            if want.ties:
-                continue
-            assert list(out.outputs[0].token_ids) == oracle.trim_at_eos(want.tokens, ids["eos"]), name
-            check_logprobs(name, out.outputs[0], commit_logits, k)
-            compared += 1
-        return compared
+    def reference(case, prompt, commit_logits):
+        _, _, n, extra, t, seed, _ = case
+        extra = {"block_length": n, "cfg_scale": 0.0, **extra}
+        want = oracle.llada_generate(
+            model, prompt, gen_length=n, steps=extra.pop("steps"), block_length=extra.pop("block_length"),
+            temperature=t, cfg_scale=extra.pop("cfg_scale"), mask_id=ids["mask"], eos_id=ids["eos"],
+            eot_id=ids["eot"], seed=seed, commit_logits=commit_logits, **extra,
+        )
+        return oracle.trim_at_eos(want.tokens, ids["eos"]), want.ties, want
 
-    compare_until(len(LLADA_CASES), compare)
+    compare_until(len(LLADA_CASES), lambda draw: compare_with_oracle(
+        llm, LLADA_CASES, rng, reference, extra_request=(random_prompt(rng, 8), plain)))
 
 
 DREAM_CASES = [
@@ -122,10 +137,7 @@ DREAM_CASES = [
 
 @pytest.fixture(scope="module")
 def dream(tiny_dirs):
-    model_dir = tiny_dirs("dream")
-    llm = make_engine(model_dir)
-    yield model_dir, llm
-    close_engine(llm)
+    yield from serve(tiny_dirs, "dream")
 
 
 def test_dream_logprobs_come_from_the_row_before(dream):
@@ -134,25 +146,14 @@ def test_dream_logprobs_come_from_the_row_before(dream):
     model = oracle_model.load_oracle(model_dir)
     rng = random.Random(7)
 
-    def compare(draw: int) -> int:
-        prompts = [random_prompt(rng, case[1]) for case in DREAM_CASES]
-        params = [SamplingParams(max_tokens=n, temperature=t, seed=seed, extra_args=dict(extra), logprobs=k)
-                  for _, _, n, extra, t, seed, k in DREAM_CASES]
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        compared = 0
-        for (name, _, n, extra, t, seed, k), prompt, out in zip(DREAM_CASES, prompts, outs):
-            extra = dict(extra)
-            commit_logits: dict[int, torch.Tensor] = {}
-            want = oracle.dream_generate(model, prompt, max_new_tokens=n, steps=extra.pop("steps"), temperature=t,
-                                         mask_id=ids["mask"], seed=seed, commit_logits=commit_logits, **extra)
-            if want.ties:
-                continue
-            assert list(out.outputs[0].token_ids) == oracle.trim_at_eos(want.tokens, ids["eos"]), name
-            check_logprobs(name, out.outputs[0], commit_logits, k)
-            compared += 1
-        return compared
+    def reference(case, prompt, commit_logits):
+        _, _, n, extra, t, seed, _ = case
+        extra = dict(extra)
+        want = oracle.dream_generate(model, prompt, max_new_tokens=n, steps=extra.pop("steps"), temperature=t,
+                                     mask_id=ids["mask"], seed=seed, commit_logits=commit_logits, **extra)
+        return oracle.trim_at_eos(want.tokens, ids["eos"]), want.ties, want
 
-    compare_until(len(DREAM_CASES), compare)
+    compare_until(len(DREAM_CASES), lambda draw: compare_with_oracle(llm, DREAM_CASES, rng, reference))
 
 
 LLADA2_CASES = [
@@ -165,10 +166,7 @@ LLADA2_CASES = [
 
 @pytest.fixture(scope="module")
 def llada2(tiny_dirs):
-    model_dir = tiny_dirs("llada2")
-    llm = make_engine(model_dir)
-    yield model_dir, llm
-    close_engine(llm)
+    yield from serve(tiny_dirs, "llada2")
 
 
 def test_llada2_logprobs_are_the_last_writing_steps(llada2):
@@ -178,29 +176,18 @@ def test_llada2_logprobs_are_the_last_writing_steps(llada2):
     rng = random.Random(9)
     edited = 0
 
-    def compare(draw: int) -> int:
+    def reference(case, prompt, commit_logits):
         nonlocal edited
-        prompts = [random_prompt(rng, case[1]) for case in LLADA2_CASES]
-        params = [SamplingParams(max_tokens=n, temperature=t, seed=seed, extra_args=dict(extra), logprobs=k)
-                  for _, _, n, extra, t, seed, k in LLADA2_CASES]
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        compared = 0
-        for (name, _, n, extra, t, seed, k), prompt, out in zip(LLADA2_CASES, prompts, outs):
-            commit_logits: dict[int, torch.Tensor] = {}
-            want = llada2_generate(model, prompt, gen_length=n, mask_id=ids["mask_token_id"],
-                                   eos_id=ids["eos_token_id"], temperature=t, seed=seed,
-                                   commit_logits=commit_logits, **extra)
-            if want.ties:
-                continue
-            assert list(out.outputs[0].token_ids) == want.tokens, name
-            check_logprobs(name, out.outputs[0], commit_logits, k)
+        _, _, n, extra, t, seed, _ = case
+        want = llada2_generate(model, prompt, gen_length=n, mask_id=ids["mask_token_id"],
+                               eos_id=ids["eos_token_id"], temperature=t, seed=seed,
+                               commit_logits=commit_logits, **extra)
+        if not want.ties:
             edited += want.edits
-            compared += 1
-        return compared
+        return want.tokens, want.ties, want
 
-    compare_until(2 * len(LLADA2_CASES), compare)
+    compare_until(2 * len(LLADA2_CASES), lambda draw: compare_with_oracle(llm, LLADA2_CASES, rng, reference))
     assert edited > 0  # the 2.1 case's rows did come from edits
-
 
 def test_logprob_steps_cost_the_same_ops_for_any_number_of_requests():
     from tests.test_step_engine import llada, llada2, make_engine as make_step_engine

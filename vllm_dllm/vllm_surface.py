@@ -106,6 +106,7 @@ NAMES: tuple[Name, ...] = (
     Name("vllm.distributed", "get_tensor_model_parallel_world_size", "models/transformer.py"),
     Name("vllm.engine.arg_utils", "EngineArgs", "eval.py"),
     Name("vllm.exceptions", "VLLMValidationError", "validation.py"),
+    Name("vllm.exceptions", "VLLMClientError", "frontend.py: a refused stream's exception, logged as one line"),
     Name("vllm.forward_context", "set_forward_context", "worker/runner.py: fused MoE layers look themselves up there"),
     Name("vllm.logger", "init_logger", "scheduler, server_config, runner"),
     Name(f"{LAYERS}.activation", "SiluAndMul", "models/transformer.py"),

@@ -16,21 +16,17 @@ their released names, unmodified.
 from __future__ import annotations
 
 import dataclasses
-import re
-from collections.abc import Iterable
 
 import torch
 from torch import nn
 from vllm.config import VllmConfig
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import RowParallelLinear
-from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.rotary_embedding import get_rope
-from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
-from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
 from vllm_dllm.attention.paged import DiffusionAttention
-from vllm_dllm.models.moe import EXPERT_WEIGHT, SparseMoE, load_expert_weight
+from vllm_dllm.models.moe import SparseMoE
+from vllm_dllm.models.moe_lm import LayerStack, MoeDiffusionLM
 from vllm_dllm.models.transformer import GatedMLP, TransformerShape, fused_qkv, rank_heads
 
 
@@ -124,75 +120,10 @@ class Llada2Layer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class Llada2Backbone(nn.Module):
-    def __init__(self, shape: TransformerShape, config, quant_config, prefix: str):
-        super().__init__()
-        self.word_embeddings = VocabParallelEmbedding(shape.vocab_size, shape.hidden_size)
-        self.layers = nn.ModuleList(
-            Llada2Layer(shape, config, i, quant_config, prefix=f"{prefix}layers.{i}")
-            for i in range(shape.num_layers)
-        )
-        self.norm = RMSNorm(shape.hidden_size, eps=shape.rms_norm_eps)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = self.word_embeddings(input_ids)
-        for layer in self.layers:
-            x = layer(positions, x)
-        return self.norm(x)
-
-    def attention_layers(self) -> list[DiffusionAttention]:
-        return [m for m in self.modules() if isinstance(m, DiffusionAttention)]
-
-
-# Checkpoint name -> (our parameter, shard) for the tensors whose names differ:
-# the gate and up projections are fused, the experts' are stacked per layer
-# (models/moe.py).
-_FUSED_MLP = re.compile(r"(.*\.(?:mlp|mlp\.shared_experts))\.(gate_proj|up_proj)\.weight")
-
-
-class LLaDA2MoeModelLM(nn.Module):
-    logits_shift = False
-
+class LLaDA2MoeModelLM(MoeDiffusionLM):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
-        super().__init__()
         config = vllm_config.model_config.hf_config
-        self.config = config
         shape = llada2_shape(config)
-        self.model = Llada2Backbone(shape, config, vllm_config.quant_config, prefix=f"{prefix}model.")
-        self.lm_head = ParallelLMHead(shape.vocab_size, shape.hidden_size, quant_config=vllm_config.quant_config)
-        self.logits_processor = LogitsProcessor(shape.vocab_size)
-
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.word_embeddings(input_ids)
-
-    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None) -> torch.Tensor:
-        return self.model(input_ids, positions)
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.logits_processor(self.lm_head, hidden_states)
-
-    def prediction_rows(self, positions: torch.Tensor) -> torch.Tensor:
-        return positions
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        params = dict(self.named_parameters())
-        modules = dict(self.named_modules())
-        loaded: set[str] = set()
-        for name, tensor in weights:
-            expert = EXPERT_WEIGHT.fullmatch(name)
-            fused = _FUSED_MLP.fullmatch(name)
-            if expert:
-                moe, index, kind = expert.group(1), int(expert.group(2)), expert.group(3)
-                loaded.add(load_expert_weight(modules[moe].experts, moe, index, kind, tensor, name))
-                continue
-            if fused:
-                target = f"{fused.group(1)}.gate_up_proj.weight"
-                params[target].weight_loader(params[target], tensor, 0 if fused.group(2) == "gate_proj" else 1)
-                loaded.add(target)
-                continue
-            if name not in params:
-                raise ValueError(f"unexpected tensor '{name}' in checkpoint")
-            param = params[name]
-            getattr(param, "weight_loader", default_weight_loader)(param, tensor)
-            loaded.add(name)
-        return loaded
+        layers = (Llada2Layer(shape, config, i, vllm_config.quant_config, prefix=f"{prefix}model.layers.{i}")
+                  for i in range(shape.num_layers))
+        super().__init__(LayerStack(shape, layers, "word_embeddings"), shape, vllm_config)

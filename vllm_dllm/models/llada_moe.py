@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -28,13 +27,11 @@ from vllm.config import VllmConfig
 from vllm.model_executor.layers.fused_moe import FusedMoEFactory
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import RowParallelLinear
-from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.rotary_embedding import get_rope
-from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
 from vllm_dllm.attention.paged import DiffusionAttention
-from vllm_dllm.models.moe import EXPERT_WEIGHT, load_expert_weight
+from vllm_dllm.models.moe_lm import FUSED_GATE_UP, FusedName, LayerStack, MoeDiffusionLM
 from vllm_dllm.models.transformer import GatedMLP, TransformerShape, fused_qkv, rank_heads
 
 
@@ -182,78 +179,19 @@ class LladaMoeLayer(nn.Module):
         return x + out
 
 
-class LladaMoeBackbone(nn.Module):
-    def __init__(self, shape: TransformerShape, config, quant_config, prefix: str):
-        super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(shape.vocab_size, shape.hidden_size)
-        self.layers = nn.ModuleList(
-            LladaMoeLayer(shape, config, i, quant_config, prefix=f"{prefix}layers.{i}")
-            for i in range(shape.num_layers)
-        )
-        self.norm = RMSNorm(shape.hidden_size, eps=shape.rms_norm_eps)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
-        for layer in self.layers:
-            x = layer(positions, x)
-        return self.norm(x)
-
-    def attention_layers(self) -> list[DiffusionAttention]:
-        return [m for m in self.modules() if isinstance(m, DiffusionAttention)]
+# q/k/v are separate in the release, fused here.
+FUSED_QKV: FusedName = (
+    re.compile(r"(.*\.self_attn)\.([qkv])_proj\.(weight|bias)"),
+    lambda m: (f"{m.group(1)}.qkv_proj.{m.group(3)}", m.group(2)),
+)
 
 
-# Checkpoint names that differ from ours: q/k/v and gate/up are fused (models/moe.py
-# for the experts').
-_QKV = re.compile(r"(.*\.self_attn)\.([qkv])_proj\.(weight|bias)")
-_FUSED_MLP = re.compile(r"(.*\.(?:mlp|shared_expert))\.(gate_proj|up_proj)\.weight")
-
-
-class LLaDAMoEModelLM(nn.Module):
-    logits_shift = False
+class LLaDAMoEModelLM(MoeDiffusionLM):
+    fused_names = (FUSED_QKV, FUSED_GATE_UP)
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
-        super().__init__()
         config = vllm_config.model_config.hf_config
-        self.config = config
         shape = llada_moe_shape(config)
-        self.model = LladaMoeBackbone(shape, config, vllm_config.quant_config, prefix=f"{prefix}model.")
-        self.lm_head = ParallelLMHead(shape.vocab_size, shape.hidden_size, quant_config=vllm_config.quant_config)
-        self.logits_processor = LogitsProcessor(shape.vocab_size)
-
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_tokens(input_ids)
-
-    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None) -> torch.Tensor:
-        return self.model(input_ids, positions)
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.logits_processor(self.lm_head, hidden_states)
-
-    def prediction_rows(self, positions: torch.Tensor) -> torch.Tensor:
-        return positions
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        params = dict(self.named_parameters())
-        modules = dict(self.named_modules())
-        loaded: set[str] = set()
-        for name, tensor in weights:
-            expert = EXPERT_WEIGHT.fullmatch(name)
-            if expert:
-                moe, index, kind = expert.group(1), int(expert.group(2)), expert.group(3)
-                loaded.add(load_expert_weight(modules[moe].experts, moe, index, kind, tensor, name))
-                continue
-            target, shard = name, None
-            if qkv := _QKV.fullmatch(name):
-                target, shard = f"{qkv.group(1)}.qkv_proj.{qkv.group(3)}", qkv.group(2)
-            elif fused := _FUSED_MLP.fullmatch(name):
-                target, shard = f"{fused.group(1)}.gate_up_proj.weight", 0 if fused.group(2) == "gate_proj" else 1
-            if target not in params:
-                raise ValueError(f"unexpected tensor '{name}' in checkpoint")
-            param = params[target]
-            loader = getattr(param, "weight_loader", default_weight_loader)
-            if shard is None:
-                loader(param, tensor)
-            else:
-                loader(param, tensor, shard)
-            loaded.add(target)
-        return loaded
+        layers = (LladaMoeLayer(shape, config, i, vllm_config.quant_config, prefix=f"{prefix}model.layers.{i}")
+                  for i in range(shape.num_layers))
+        super().__init__(LayerStack(shape, layers, "embed_tokens"), shape, vllm_config)
