@@ -114,3 +114,12 @@ def test_inapplicable_options_are_400s(server, client, xargs, message):
         "model": server.model, "prompt": [5, 6, 7], "max_tokens": 8, "vllm_xargs": xargs,
     })
     assert resp.status_code == 400 and message in resp.text, resp.text
+
+
+def test_prompt_logprobs_are_a_400_for_now(server, client):
+    # Generated-token logprobs work (tests/test_logprobs.py); the chain-rule prompt
+    # copies are not block-causal yet.
+    resp = client.post("/v1/completions", json={
+        "model": server.model, "prompt": [5, 6, 7], "max_tokens": 8, "echo": True, "logprobs": 1,
+    })
+    assert resp.status_code == 400 and "prompt_logprobs are not supported for block-causal models" in resp.text

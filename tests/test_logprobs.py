@@ -28,12 +28,12 @@ from tests.tie_free import compare_until
 TOLERANCE = 2e-4
 
 
-def check_logprobs(name: str, completion, commit_logits: dict[int, torch.Tensor], k: int) -> None:
-    tokens = list(completion.token_ids)
-    assert completion.logprobs is not None and len(completion.logprobs) == len(tokens), name
+def check_rows(name: str, tokens: list[int], entries: list[dict], logits: dict[int, torch.Tensor], k: int) -> float:
+    """Each token's entry (vLLM's {token: Logprob}) against log-softmax(logits[i]);
+    returns the sum of the tokens' logprobs."""
     total = 0.0
-    for i, (token, entry) in enumerate(zip(tokens, completion.logprobs)):
-        want = torch.log_softmax(commit_logits[i].double(), dim=-1)
+    for i, (token, entry) in enumerate(zip(tokens, entries)):
+        want = torch.log_softmax(logits[i].double(), dim=-1)
         got = entry[token]
         assert abs(got.logprob - float(want[token])) < TOLERANCE, (name, i, got.logprob, float(want[token]))
         higher = int((want > want[token] + TOLERANCE).sum())
@@ -46,8 +46,14 @@ def check_logprobs(name: str, completion, commit_logits: dict[int, torch.Tensor]
                 assert int(ids[j]) in entry, (name, i, j)
                 assert abs(entry[int(ids[j])].logprob - float(values[j])) < TOLERANCE, (name, i, j)
         total += got.logprob
-    assert abs(completion.cumulative_logprob - total) < 1e-3, name
+    return total
 
+
+def check_logprobs(name: str, completion, commit_logits: dict[int, torch.Tensor], k: int) -> None:
+    tokens = list(completion.token_ids)
+    assert completion.logprobs is not None and len(completion.logprobs) == len(tokens), name
+    total = check_rows(name, tokens, completion.logprobs, commit_logits, k)
+    assert abs(completion.cumulative_logprob - total) < 1e-3, name
 
 def llada_ids(model_dir: str) -> dict:
     config = json.loads((Path(model_dir) / "config.json").read_text())
@@ -156,6 +162,41 @@ def test_dream_logprobs_come_from_the_row_before(dream):
     compare_until(len(DREAM_CASES), lambda draw: compare_with_oracle(llm, DREAM_CASES, rng, reference))
 
 
+@pytest.mark.parametrize("arch", ["llada", "dream"])
+def test_prompt_logprobs_follow_the_chain_rule(arch, llada, dream):
+    """Position j's logprob is the model's prediction of it with positions j and
+    after masked (row j; Dream: row j - 1), whatever else the batch holds."""
+    model_dir, llm = llada if arch == "llada" else dream
+    ids = llada_ids(model_dir)
+    model = oracle_model.load_oracle(model_dir)
+    rng = random.Random(13)
+    prompts = [random_prompt(rng, n) for n in (2, 9, 14)]
+    params = [SamplingParams(max_tokens=4, temperature=0.0, prompt_logprobs=k,
+                             extra_args={"steps": 4, "block_length": 4}) for k in (0, 2, 3)]
+    plain = SamplingParams(max_tokens=8, temperature=0.0, extra_args={"steps": 8, "block_length": 8})
+    outs = llm.generate([{"prompt_token_ids": p} for p in [*prompts, prompts[1]]], [*params, plain], use_tqdm=False)
+    assert outs[-1].prompt_logprobs is None
+    for prompt, param, out in zip(prompts, params, outs):
+        got = out.prompt_logprobs
+        assert len(got) == len(prompt) and got[0] is None
+        chain = {}
+        for j in range(1, len(prompt)):
+            x = torch.tensor([prompt[:j] + [ids["mask"]] * (len(prompt) - j)])
+            chain[j - 1] = model.forward(x)[0, j - 1 if arch == "dream" else j]
+        check_rows(f"{arch} prompt of {len(prompt)}", prompt[1:], got[1:], chain, param.prompt_logprobs)
+
+
+def test_prompt_logprobs_beyond_the_step_budget_are_refused(llada):
+    model_dir, llm = llada
+    # A 120-token prompt's 119 copies are 14280 query tokens: over the engine's budget.
+    params = SamplingParams(max_tokens=4, prompt_logprobs=1, extra_args={"steps": 4, "block_length": 4})
+    out = llm.generate([{"prompt_token_ids": random_prompt(random.Random(1), 120)}], [params], use_tqdm=False)[0]
+    assert out.outputs[0].finish_reason == "error"
+    assert "prompt_logprobs of a 120-token prompt run 119 masked copies of it (14280 tokens)" in out.outputs[0].stop_reason
+
+
+# The prompt-logprob tests above run before the LLaDA2 engine starts: vLLM validates
+# requests with the defaults of the last engine built in the process (a server has one).
 LLADA2_CASES = [
     ("2.0, threshold 0.5", 9, 16, {"block_length": 8, "steps": 8, "threshold": 0.5}, 0.0, 0, 3),
     ("2.1 quality: edits rewrite a token's row", 13, 16, {"block_length": 8, "threshold": 0.7,

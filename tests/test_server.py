@@ -380,6 +380,18 @@ def test_completion_logprobs_stream_as_they_are_returned(server, client):
     assert streamed == logprobs["token_logprobs"]
 
 
+def test_echo_with_logprobs_scores_the_prompt(server, client):
+    """lm-eval's loglikelihood request: the prompt's tokens with their logprobs
+    (the first one has none), then the one generated token's."""
+    body = dict(prompt="the cat sat on the mat", max_tokens=1, temperature=0.0, echo=True, logprobs=1,
+                vllm_xargs={"steps": 1, "block_length": 1})
+    choice = complete(client, server, **body)["choices"][0]
+    token_logprobs = choice["logprobs"]["token_logprobs"]
+    assert token_logprobs[0] is None and len(token_logprobs) >= 3
+    assert all(lp is not None and lp <= 0 for lp in token_logprobs[1:])
+    assert choice["text"].startswith("the cat sat on the mat")
+
+
 def test_the_openai_sdk_reads_logprobs_sync_and_streaming(server):
     import openai
 
@@ -455,7 +467,6 @@ BAD_REQUESTS = [
     ("min_p-greedy", "completions", {"max_tokens": 16, "temperature": 0, "min_p": 0.1}, ["'min_p' is not supported by diffusion decoding"]),
     ("min_p-default-temperature", "chat", {"max_tokens": 16, "min_p": 0.1}, ["'min_p' is not supported by diffusion decoding"]),
     ("logit_bias", "completions", {"max_tokens": 16, "logit_bias": {"5": 1.0}}, ["logit_bias"]),
-    ("prompt_logprobs", "completions", {"max_tokens": 16, "prompt_logprobs": 1}, ["prompt_logprobs"]),
     ("json_schema", "chat", {"max_tokens": 16, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}}, ["structured_outputs"]),
     ("json_object", "completions", {"max_tokens": 16, "response_format": {"type": "json_object"}}, ["structured_outputs"]),
     ("structured_outputs", "completions", {"max_tokens": 16, "structured_outputs": {"choice": ["yes", "no"]}}, ["structured_outputs"]),

@@ -25,7 +25,7 @@ _UNSUPPORTED = {
     "logit_bias": lambda p: bool(p.logit_bias),
     # Logprobs over the whole vocabulary per token (vLLM's logprobs=-1).
     "logprobs=-1": lambda p: p.logprobs is not None and p.logprobs < 0,
-    "prompt_logprobs": lambda p: p.prompt_logprobs is not None,
+    "prompt_logprobs=-1": lambda p: p.prompt_logprobs is not None and p.prompt_logprobs < 0,
     "structured_outputs": lambda p: p.structured_outputs is not None,
     "allowed_token_ids": lambda p: bool(p.allowed_token_ids),
     "bad_words": lambda p: bool(p.bad_words),
@@ -62,6 +62,9 @@ class DiffusionParamsValidator(LogitsProcessor):
             )
         except OptionError as err:
             raise VLLMValidationError(str(err)) from err
+        if sampling_params.prompt_logprobs is not None and getattr(options, "block_causal", False):
+            raise VLLMValidationError("prompt_logprobs are not supported for block-causal models (LLaDA2) yet",
+                                      parameter="prompt_logprobs")
         problem = defaults.deployment_problem(options)
         if problem:
             raise VLLMValidationError(problem, parameter="cache")

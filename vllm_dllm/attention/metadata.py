@@ -71,6 +71,9 @@ class AttentionMetadata:
     build_groups: Callable[[], list[QueryGroup]]
     backend: "object"  # the AttentionBackend that serves this step
     has_kv_offset: bool = False  # some kv_start is nonzero (a CFG twin): host-known
+    # Every sequence is all queries and attends over its own fresh K/V; no pool is
+    # read or written (prompt scoring's masked copies, engine/prompt_scoring.py).
+    in_flight: bool = False
     # Sparse Refresh sequences (attention/sparse.py), after the ones above: this
     # metadata then covers only the rows before `cache_fill.row_start`.
     cache_fill: "object | None" = None

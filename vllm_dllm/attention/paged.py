@@ -42,7 +42,7 @@ class DiffusionAttention(nn.Module):
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if meta.cache_fill is None:
-            out = meta.backend.attend(q, k, v, self.kv_cache, meta, self.scale)
+            out = meta.backend.attend(q, k, v, None if meta.in_flight else self.kv_cache, meta, self.scale)
         else:
             out = sparse.attend(q, k, v, self.kv_cache, meta, self.scale)
         return out.reshape(-1, self.num_heads * self.head_dim)

@@ -13,6 +13,7 @@ loops over requests in Python; host<->device syncs per step: the candidate count
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from vllm_dllm.decoding.logits import chunked_reduce
 from vllm_dllm.decoding.logprobs import LogprobsCollector
 from vllm_dllm.engine.graphs import ReuseGraphs
 from vllm_dllm.engine.logprob_store import LogprobStore
+from vllm_dllm.engine.prompt_scoring import PromptLogprobs, PromptScorer
 from vllm_dllm.engine.phases import POLICY_NONE, POLICY_SPARSE, PhaseParams, batch_phases
 from vllm_dllm.engine.step_inputs import SequenceLayout, FillLayout, build_step_inputs, to_device
 from vllm_dllm.kv_footprint import kept_positions, sequence_slots
@@ -78,6 +80,8 @@ class StepOutput:
     # request's first row (requests that did not ask take no rows).
     logprobs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     logprobs_start: list[int] | None = None
+    # Prompt logprobs of requests streaming their first tokens (engine/prompt_scoring.py).
+    prompt_logprobs: dict[str, PromptLogprobs] = dataclasses.field(default_factory=dict)
 
 
 _CANVAS = 5  # the report's first canvas column (after final, candidates, block, block step, edits)
@@ -156,6 +160,7 @@ class StepEngine:
         self.evicted = np.zeros(capacity, dtype=bool)  # its cache was freed by preemption
         self.snapshot = torch.zeros_like(self.decode.canvas)  # canvas of each request's last Refresh
         self.logprobs = LogprobStore(capacity, max_model_len, max_logprobs, device)
+        self.prompt_scorer = PromptScorer(capacity)
         self.sparse = SparseParams(
             sequence_slots=np.zeros(capacity, dtype=np.int64),
             keep=np.zeros(capacity, dtype=np.int64),
@@ -185,11 +190,12 @@ class StepEngine:
 
     def add(
         self, req_id: str, prompt: list[int], options: DecodeOptions, seed: int, block_ids: list[int],
-        prefilled: int = 0, logprobs: int | None = None,
+        prefilled: int = 0, logprobs: int | None = None, prompt_logprobs: int | None = None,
     ) -> None:
         """A new request; `prefilled`: leading positions whose K/V its blocks already
         hold (a block-causal request's prefix cache hit); `logprobs`: top entries per
-        token it wants logprobs with (None: no logprobs)."""
+        token it wants logprobs with (None: no logprobs); `prompt_logprobs`: the same
+        for its prompt's tokens (scored in its first step)."""
         if req_id in self.slots:
             raise ValueError(f"request {req_id} is already in the batch")
         if not self._free:
@@ -201,8 +207,11 @@ class StepEngine:
                 f"the model length {self.max_model_len}"
             )
         self._check_prefilled(req_id, prefilled, options, len(prompt))
-        if logprobs is not None and not 0 <= logprobs < self.logprobs.width:
-            raise ValueError(f"request {req_id}: logprobs must be between 0 and {self.logprobs.width - 1}")
+        for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+            if value is not None and not 0 <= value < self.logprobs.width:
+                raise ValueError(f"request {req_id}: {name} must be between 0 and {self.logprobs.width - 1}")
+        if prompt_logprobs is not None and is_block_causal(options):
+            raise ValueError(f"request {req_id}: prompt_logprobs are not supported for block-causal models yet")
         slot = self._free.pop()
         self.slots[req_id] = slot
         self.emitted[req_id] = 0
@@ -211,6 +220,7 @@ class StepEngine:
         self.decode.admit(slot, options, seed)
         self.rule.admit(slot, options)
         self.logprobs.admit(slot, logprobs)
+        self.prompt_scorer.admit(slot, prompt_logprobs)
         h = self.host
         h.prompt_len[slot] = len(prompt)
         h.gen_length[slot] = options.gen_length
@@ -250,6 +260,7 @@ class StepEngine:
                 grown[:old] = value
                 setattr(holder, name, grown)
         self.logprobs.grow_slots(2 * old)
+        self.prompt_scorer.grow_slots(2 * old)
         self._free.extend(range(2 * old - 1, old - 1, -1))
 
     @staticmethod
@@ -297,6 +308,7 @@ class StepEngine:
         slot = self.slots.pop(req_id, None)
         if slot is not None:
             self.logprobs.release(slot)
+            self.prompt_scorer.release(slot, req_id)
             self.emitted.pop(req_id)
             self._num_blocks.pop(req_id, None)
             self._free.append(slot)
@@ -376,7 +388,7 @@ class StepEngine:
         """
         slots_host = np.array([self.slots[r] for r in req_ids], dtype=np.int64)
         batch = self.layout(slots_host)
-        tokens = batch.tokens
+        tokens = batch.tokens + self.prompt_scorer.step_tokens(slots_host, self.host.prompt_len[slots_host])
         if planned_tokens is not None:
             planned = np.array(planned_tokens, dtype=np.int64)
             if not np.array_equal(planned, tokens):
@@ -428,6 +440,11 @@ class StepEngine:
         output = StepOutput(new_tokens=new_tokens, logits_rows=logits_rows,
                             progress=[tuple(p) for p in progress.tolist()], edits=edits)
         self._take_logprobs(slots_host, starts, output)
+        self.prompt_scorer.score(self, req_ids, slots_host)
+        if self.prompt_scorer.pending:
+            for req_id, new in zip(req_ids, new_tokens):
+                if new and req_id in self.prompt_scorer.pending:
+                    output.prompt_logprobs[req_id] = self.prompt_scorer.take(req_id)
         return output
 
     def _take_logprobs(self, slots_host: np.ndarray, starts: np.ndarray, output: StepOutput) -> None:

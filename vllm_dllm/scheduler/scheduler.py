@@ -12,6 +12,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from vllm.logger import init_logger
 from vllm.utils.math_utils import cdiv
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
@@ -20,6 +22,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.request import Request, RequestStatus
 
+from vllm_dllm.engine.prompt_scoring import scoring_tokens
 from vllm_dllm.kv_footprint import request_slots
 from vllm_dllm.metrics import StepStats
 from vllm_dllm.options import DecodeOptions, OptionError, resolve, sequence_copies
@@ -52,6 +55,7 @@ class RequestTrack:
     prefilled: int = 0  # block-causal, no cache yet: positions whose K/V its blocks hold
     chunk: int = 0  # block-causal: the server's prefill chunk (phases.block_causal_phase)
     cached: int = 0  # block-causal: positions offered to vLLM's prefix cache so far
+    scoring: int = 0  # query tokens of its prompt_logprobs copies, run with its first step
 
     @property
     def canvas(self) -> int:
@@ -69,7 +73,7 @@ class RequestTrack:
     def tokens(self) -> int:
         """Query tokens of its next step."""
         rebuild = self.prompt_len + self.canvas if self.needs_rebuild else 0
-        return (self.phase().num_queries + rebuild) * sequence_copies(self.options)
+        return (self.phase().num_queries + rebuild) * sequence_copies(self.options) + self.scoring
 
     def phase(self) -> StepPhase:
         """Refresh or Reuse, and the queries of its next step (an evicted cache counts:
@@ -98,6 +102,8 @@ class RequestTrack:
                         break
                     prefilled = phase.query_end
                 has_cache, rebuild = has_cache or phase.refresh, 0
+        if costs:
+            costs[0] += self.scoring
         return tuple(costs)
 
     def exact_prefix(self) -> int:
@@ -114,6 +120,7 @@ class RequestTrack:
     def advance(self, phase: StepPhase, reported: tuple[int, int] | None) -> None:
         """After a step of `phase`: the runner's report of (block, step in block), or
         the fixed schedule's next step when there is none."""
+        self.scoring = 0
         if not phase.decodes:
             self.prefilled = phase.query_end
             return
@@ -184,6 +191,18 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
         chunk = self.prefill_chunk if causal else 0
         most_queries = max_block_causal_queries(options.block_length, seq_len, chunk) if causal else seq_len
         tokens = most_queries * sequence_copies(options)
+        scoring = 0
+        if params.prompt_logprobs is not None:
+            if causal:
+                return "prompt_logprobs are not supported for block-causal models (LLaDA2) yet"
+            scoring = int(scoring_tokens(np.array([request.num_prompt_tokens]))[0])
+            if tokens + scoring > self.max_num_scheduled_tokens:
+                return (
+                    f"prompt_logprobs of a {request.num_prompt_tokens}-token prompt run "
+                    f"{request.num_prompt_tokens - 1} masked copies of it ({scoring} tokens) in its first step, "
+                    f"more than max_num_batched_tokens {self.max_num_scheduled_tokens} with the step itself; "
+                    "raise --max-num-batched-tokens or shorten the prompt"
+                )
         slots = request_slots(options, request.num_prompt_tokens)
         if slots > self.max_model_len:
             # vLLM's KV cache manager caps one request's slots at max_model_len; the
@@ -202,7 +221,8 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
         capacity = self.kv_cache_manager.block_pool.num_gpu_blocks - 1
         if blocks > capacity:
             return f"request needs {blocks} KV blocks, the whole pool has {capacity}"
-        self._costs[request.request_id] = RequestTrack(options, request.num_prompt_tokens, blocks, chunk=chunk)
+        self._costs[request.request_id] = RequestTrack(options, request.num_prompt_tokens, blocks, chunk=chunk,
+                                                       scoring=scoring)
         return None
 
     # ---- one step -----------------------------------------------------------

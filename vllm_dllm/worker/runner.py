@@ -20,7 +20,7 @@ from vllm.model_executor.model_loader import get_model
 from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
 from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
-from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsLists, ModelRunnerOutput
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsLists, LogprobsTensors, ModelRunnerOutput
 
 from vllm_dllm.attention.backends import TorchAttention, select_backend
 from vllm_dllm.engine.engine import StepEngine
@@ -233,6 +233,10 @@ class DiffusionModelRunner:
             req_id_to_index={req_id: i for i, req_id in enumerate(order)},
             sampled_token_ids=result.new_tokens,
             logprobs=logprobs,
+            prompt_logprobs_dict={
+                req_id: LogprobsTensors(*(torch.from_numpy(a) for a in arrays))
+                for req_id, arrays in result.prompt_logprobs.items()
+            },
             logits_rows=result.logits_rows,
             progress=result.progress,
             edits=result.edits,
@@ -269,4 +273,5 @@ class DiffusionModelRunner:
         )
         seed = params.seed if params.seed is not None else unseeded_seed(new.req_id, self.model_config.seed)
         self.engine.add(new.req_id, list(new.prompt_token_ids), options, seed, list(new.block_ids[0]),
-                        prefilled=new.num_computed_tokens, logprobs=params.logprobs)
+                        prefilled=new.num_computed_tokens, logprobs=params.logprobs,
+                        prompt_logprobs=params.prompt_logprobs)

@@ -1,0 +1,114 @@
+"""Prompt logprobs by the chain rule, for requests that ask (vLLM's prompt_logprobs).
+
+log p(x_j | x_<j) is read from a copy of the prompt whose positions j and after are
+all masked (Dream's left-to-right `ar_ftb` order; LLaDA the same with unshifted
+logits): the prediction of position j there (row j, or row j - 1 for a model whose
+logits are shifted).  Per-position values add up to log p(suffix | prefix) for any
+split, which is what a client splitting context from continuation sums.  The P - 1
+copies of a P-token prompt run in the request's first step, as one extra forward over
+all scoring requests of the step whose copies attend only over their own K/V (no KV
+pool is touched), so they cost P(P - 1) query tokens, priced by the scheduler.
+
+vLLM hands prompt logprobs to the client with a request's first output tokens; a
+diffusion step may commit none, so the results wait here until the request's first
+step that streams.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from vllm_dllm.attention.metadata import attention_metadata
+from vllm_dllm.decoding.logprobs import candidate_logprobs
+from vllm_dllm.engine.step_inputs import SequenceLayout, build_step_inputs, to_device
+
+PromptLogprobs = tuple[np.ndarray, np.ndarray, np.ndarray]  # token ids [P-1, k+1], logprobs, ranks [P-1]
+
+
+def scoring_tokens(prompt_len: np.ndarray) -> np.ndarray:
+    """Query tokens of the masked copies of prompts of these lengths."""
+    return prompt_len * np.maximum(prompt_len - 1, 0)
+
+
+class PromptScorer:
+    def __init__(self, capacity: int):
+        self.num_logprobs = np.full(capacity, -1, dtype=np.int64)  # per slot; -1: nothing to score
+        self.pending: dict[str, PromptLogprobs] = {}
+
+    def grow_slots(self, capacity: int) -> None:
+        grown = np.full(capacity, -1, dtype=np.int64)
+        grown[: len(self.num_logprobs)] = self.num_logprobs
+        self.num_logprobs = grown
+
+    def admit(self, slot: int, num_logprobs: int | None) -> None:
+        self.num_logprobs[slot] = -1 if num_logprobs is None else num_logprobs
+
+    def release(self, slot: int, req_id: str) -> None:
+        self.num_logprobs[slot] = -1
+        self.pending.pop(req_id, None)
+
+    def step_tokens(self, slots_host: np.ndarray, prompt_len: np.ndarray) -> np.ndarray:
+        """Extra query tokens of each request in this step (its copies, in its first step)."""
+        return np.where(self.num_logprobs[slots_host] >= 0, scoring_tokens(prompt_len), 0)
+
+    def score(self, engine, req_ids: list[str], slots_host: np.ndarray) -> None:
+        """Run the copies of every request of the step that has not been scored yet."""
+        todo = np.flatnonzero(self.num_logprobs[slots_host] >= 0)
+        if not len(todo):
+            return
+        slots = slots_host[todo]
+        k = int(self.num_logprobs[slots].max())
+        lengths = engine.host.prompt_len[slots]
+        copies = np.maximum(lengths - 1, 0)
+        results = self._run(engine, slots, lengths, copies, k) if copies.sum() else None
+        start = 0
+        for index, slot, count in zip(todo.tolist(), slots.tolist(), copies.tolist()):
+            width = int(self.num_logprobs[slot]) + 1
+            if results is None:
+                part = (np.zeros((0, width), np.int64), np.zeros((0, width), np.float32), np.zeros(0, np.int64))
+            else:
+                ids, values, ranks = results
+                part = (ids[start : start + count, :width], values[start : start + count, :width],
+                        ranks[start : start + count])
+            self.pending[req_ids[index]] = part
+            self.num_logprobs[slot] = -1
+            start += count
+
+    def take(self, req_id: str) -> PromptLogprobs | None:
+        return self.pending.pop(req_id, None)
+
+    @torch.inference_mode()
+    def _run(self, engine, slots: np.ndarray, lengths: np.ndarray, copies: np.ndarray, k: int) -> PromptLogprobs:
+        seq_slot = np.repeat(slots, copies)
+        seq_len = np.repeat(lengths, copies)
+        # Copy c of a prompt masks positions j = c + 1 onwards.
+        first = np.repeat(np.cumsum(copies) - copies, copies)
+        masked_from = np.arange(len(seq_slot)) - first + 1
+        zeros = np.zeros(len(seq_slot), dtype=np.int64)
+        layout = SequenceLayout(slot=seq_slot, twin=zeros.astype(bool), query_start=zeros, num_queries=seq_len,
+                                seq_len=seq_len, kv_start=zeros)
+        inputs = build_step_inputs(
+            layout, prompt_tokens=engine.prompt_tokens, prompt_len=engine.prompt_len, canvas=engine.decode.canvas,
+            block_table=engine.block_table, block_size=engine.block_size, mask_id=engine.ids.mask,
+            backend=engine.backend,
+        )
+        device = engine.device
+        row_masked_from = to_device(np.repeat(masked_from, seq_len), device)
+        input_ids = torch.where(inputs.positions >= row_masked_from, engine.ids.mask, inputs.input_ids)
+        meta = dataclasses.replace(inputs.metadata, in_flight=True)
+        with attention_metadata(meta), engine.model_context(len(input_ids)):
+            hidden = engine.model(input_ids, inputs.positions)
+        predicts = masked_from - 1 if engine.logits_shift else masked_from
+        rows = to_device(np.cumsum(seq_len) - seq_len + predicts, device)
+        targets = engine.prompt_tokens[to_device(seq_slot, device), to_device(masked_from, device)]
+        parts = []
+        for start in range(0, len(rows), engine.max_num_logits):
+            chunk = slice(start, start + engine.max_num_logits)
+            parts.append(candidate_logprobs(engine.model.compute_logits(hidden[rows[chunk]]), targets[chunk], k))
+        ids = torch.cat([p.ids for p in parts]).cpu().numpy()
+        values = torch.cat([p.values for p in parts]).cpu().numpy()
+        ranks = torch.cat([p.rank for p in parts]).cpu().numpy()
+        return ids, values, ranks
