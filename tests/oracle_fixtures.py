@@ -13,7 +13,8 @@ import torch
 from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from oracle import dream_generate, llada_generate  # noqa: E402
+from oracle import llada_generate  # noqa: E402
+from oracle_dream import dream_generate  # noqa: E402
 from oracle_model import load_oracle  # noqa: E402
 
 VOCAB = 300

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from tests.oracle import _cut_is_tied, parallel_selection
+from tests.oracle_rules import cut_is_tied, parallel_selection
 
 
 def block_causal_mask(length: int, block_length: int) -> torch.Tensor:
@@ -162,7 +162,7 @@ def _masks_to_commit(p: torch.Tensor, active: torch.Tensor, threshold: float, qu
 
 def _rule_masks(decoding: str, p: torch.Tensor, dist: torch.Tensor, active: torch.Tensor, floor: int, *,
                 threshold: float, **params):
-    """(chosen, tied): the masks a parallel rule commits (tests/oracle.py's
+    """(chosen, tied): the masks a parallel rule commits (tests/oracle_rules.py's
     parallel_selection, LLaDA's reference selection) among the block's active
     positions, ranked by its keys (confidence `p`; negated entropy of `dist`, the
     distribution `p` is read from, for entropy_bound), at least `floor`; tied when
@@ -178,7 +178,7 @@ def _rule_masks(decoding: str, p: torch.Tensor, dist: torch.Tensor, active: torc
         ranked[i] = keys[i]
     chosen = torch.zeros(len(p), dtype=torch.bool)
     chosen[ranked.topk(n).indices] = True
-    return chosen, int(_cut_is_tied(ranked, n))
+    return chosen, int(cut_is_tied(ranked, n))
 
 
 def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None, draws, mask_id: int):
@@ -238,7 +238,7 @@ def llada2_generate(
     decoding != "fixed": a parallel rule (threshold, factor, entropy_bound, hierarchy,
     credit; `rule_params` its parameters, `threshold` the one above) chooses a step's
     masks instead of the official threshold-or-quota choice: LLaDA's reference
-    selection (tests/oracle.py), at least the official count (the 2.0 quota of the
+    selection (tests/oracle_rules.py), at least the official count (the 2.0 quota of the
     step; 2.1's num_to_transfer), among the active block's masks only.  Everything
     else is unchanged: the block's end (2.0: no masks, or `steps` steps), 2.1's edits
     of committed positions (plain logits: credit fuses the masked rows only) and its
@@ -246,7 +246,7 @@ def llada2_generate(
 
     `commit_logits`, if given, receives per canvas position the model's logits at
     the step that last wrote it (a commit or an edit)."""
-    from tests.oracle import credit_fuse, parallel_parameters
+    from tests.oracle_rules import credit_fuse, parallel_parameters
     from tests.oracle_model import STREAM_LLADA_SAMPLE, uniform64
 
     _, factor, gamma, low_threshold, credit_alpha, credit_decay, credit_boost, max_tokens_per_step = (

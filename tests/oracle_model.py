@@ -1,6 +1,6 @@
 """Independent test oracle for LLaDA and Dream, part one: the forward pass (checkpoint
 loading, RoPE, attention with an optional KV cache) and the random-stream contract.
-The reference decoding loops that use them are in tests/oracle.py.
+The reference decoding loops that use them are in tests/oracle.py (LLaDA) and tests/oracle_dream.py (Dream).
 
 Written from /work/shared/MODEL_SPEC.md (sections 1, 1b and 3) and shares no code with
 the `vllm_dllm` plugin.  Everything is plain PyTorch on the CPU, float32 by default.

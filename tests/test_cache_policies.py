@@ -9,7 +9,7 @@ import random
 import pytest
 from vllm import SamplingParams
 
-from tests import oracle, oracle_model
+from tests import oracle, oracle_model, oracle_rules
 from tests.conftest import close_engine, make_engine, random_prompt
 from tests.test_exact_decoding import _special
 
@@ -58,9 +58,9 @@ def test_cache_policies_match_oracle(llada):
             delay_step=extra.get("delay_step", 0), **kwargs,
         )
         if result.ties == 0:
-            assert got == oracle.trim_at_eos(result.tokens, ids["eos"]), f"{extra}"
+            assert got == oracle_rules.trim_at_eos(result.tokens, ids["eos"]), f"{extra}"
         exact = oracle.llada_generate(model, prompt, **kwargs)
-        differs_from_exact += oracle.trim_at_eos(exact.tokens, ids["eos"]) != got
+        differs_from_exact += oracle_rules.trim_at_eos(exact.tokens, ids["eos"]) != got
     # The caches are stale by design: some outputs must differ from exact decoding,
     # or the test would not be exercising Reuse steps at all.
     assert differs_from_exact >= 1

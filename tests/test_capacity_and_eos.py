@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from vllm import SamplingParams
 
-from tests import oracle, oracle_model
+from tests import oracle, oracle_model, oracle_rules
 from tests.conftest import close_engine, make_engine, random_prompt
 from tests.test_exact_decoding import _special
 from vllm_dllm.tools.make_tiny import make_tiny
@@ -21,7 +21,7 @@ def llada_oracle(model, ids, prompt, gen, steps, block):
         model, prompt, gen_length=gen, steps=steps, block_length=block,
         mask_id=ids["mask"], eos_id=ids["eos"], eot_id=ids["eot"],
     )
-    return oracle.trim_at_eos(result.tokens, ids["eos"]), result.ties
+    return oracle_rules.trim_at_eos(result.tokens, ids["eos"]), result.ties
 
 
 def test_requests_beyond_budget_and_kv_pool_wait_and_complete_exactly(tiny_dirs):

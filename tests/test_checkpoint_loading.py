@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from vllm import SamplingParams
 
-from tests import oracle, oracle_model
+from tests import oracle, oracle_dream, oracle_model, oracle_rules
 from tests.conftest import close_engine, make_engine
 from vllm_dllm.tools.make_tiny import make_tiny
 
@@ -30,7 +30,7 @@ def test_real_vocabulary_checkpoint_decodes_exactly(tmp_path, arch, trust_remote
     if arch == "llada":
         result = oracle.llada_generate(model, prompt, gen_length=16, steps=16, block_length=8, mask_id=ids["mask"], eos_id=ids["eos"], eot_id=ids["eot"])
     else:
-        result = oracle.dream_generate(model, prompt, max_new_tokens=16, steps=16, alg="entropy", mask_id=ids["mask"])
+        result = oracle_dream.dream_generate(model, prompt, max_new_tokens=16, steps=16, alg="entropy", mask_id=ids["mask"])
     assert result.ties == 0
-    assert list(out.outputs[0].token_ids) == oracle.trim_at_eos(result.tokens, ids["eos"])
+    assert list(out.outputs[0].token_ids) == oracle_rules.trim_at_eos(result.tokens, ids["eos"])
     assert isinstance(out.outputs[0].text, str)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from vllm import SamplingParams
 
-from tests import oracle, oracle_model
+from tests import oracle, oracle_dream, oracle_model, oracle_rules
 from tests.conftest import close_engine, make_engine, random_prompt
 from tests.tie_free import compare_each_case
 from tests.test_exact_decoding import _special
@@ -85,11 +85,11 @@ def test_top_k_top_p_at_temperature_0_match_the_reference(llm, model_dir):
             name, extra, filters = case
 
             def reference(**kw):
-                result = oracle.dream_generate(
+                result = oracle_dream.dream_generate(
                     model, prompt, max_new_tokens=GEN_LENGTH, steps=GEN_LENGTH, alg=extra["alg"],
                     temperature=0.0, mask_id=ids["mask"], **kw,
                 )
-                return oracle.trim_at_eos(result.tokens, ids["eos"]), result.ties
+                return oracle_rules.trim_at_eos(result.tokens, ids["eos"]), result.ties
 
             want, ties = reference(**filters)
             if ties:

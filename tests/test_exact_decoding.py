@@ -1,7 +1,7 @@
 """In exact mode the plugin reproduces the reference decoding loops token for token.
 
 Every case runs through vLLM's `LLM` with the plugin, and through the independent
-plain-PyTorch oracle (tests/oracle.py); both in float32.  All cases of a model are
+plain-PyTorch oracle (tests/oracle.py, tests/oracle_dream.py); both in float32.  All cases of a model are
 served concurrently in one batch and again one by one: the outputs must not depend
 on what else is in the batch.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import pytest
 from vllm import SamplingParams
 
-from tests import oracle, oracle_model
+from tests import oracle, oracle_dream, oracle_model, oracle_rules
 from tests.conftest import close_engine, make_engine, random_prompt
 from tests.tie_free import compare_each_case
 
@@ -147,7 +147,7 @@ def oracle_tokens(model, tokenizer_ids, arch: str, prompt: list[int], case: Case
             **cache_arguments(extra, {"refresh_interval", "delay_step"}),
         )
     else:
-        result = oracle.dream_generate(
+        result = oracle_dream.dream_generate(
             model,
             prompt,
             max_new_tokens=case.gen_length,
@@ -162,7 +162,7 @@ def oracle_tokens(model, tokenizer_ids, arch: str, prompt: list[int], case: Case
             **{key: case.extra[key] for key in (*PARALLEL_KEYS, *BLOCK_KEYS) if key in case.extra},
             **cache_arguments(case.extra, set(BLOCK_KEYS)),
         )
-    return oracle.trim_at_eos(result.tokens, tokenizer_ids["eos"]), result.ties
+    return oracle_rules.trim_at_eos(result.tokens, tokenizer_ids["eos"]), result.ties
 
 
 def _special(model_dir: str) -> dict:

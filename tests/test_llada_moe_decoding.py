@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from vllm import SamplingParams
 
-from tests import oracle
+from tests import oracle, oracle_rules
 from tests.conftest import close_engine, make_engine, random_prompt
 from tests.oracle_llada_moe import load_llada_moe_oracle
 from tests.tie_free import compare_each_case
@@ -54,7 +54,7 @@ def test_greedy_decoding_equals_the_llada_reference(served):
                 tied.append(i)
                 continue
             got = list(out.outputs[0].token_ids)
-            assert got == oracle.trim_at_eos(want.tokens, ids["eos_token_id"]), f"case {CASES[i]}"
+            assert got == oracle_rules.trim_at_eos(want.tokens, ids["eos_token_id"]), f"case {CASES[i]}"
             lengths.append(len(got))
         return tied
 

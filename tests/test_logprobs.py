@@ -20,7 +20,7 @@ import pytest
 import torch
 from vllm import SamplingParams
 
-from tests import oracle, oracle_model
+from tests import oracle, oracle_dream, oracle_model, oracle_rules
 from tests.conftest import close_engine, make_engine, random_prompt
 from tests.oracle_llada2 import llada2_generate, load_llada2_oracle
 from tests.tie_free import compare_until
@@ -127,7 +127,7 @@ def test_llada_logprobs_are_the_committing_steps(llada):
             temperature=t, cfg_scale=extra.pop("cfg_scale"), mask_id=ids["mask"], eos_id=ids["eos"],
             eot_id=ids["eot"], seed=seed, commit_logits=commit_logits, **extra,
         )
-        return oracle.trim_at_eos(want.tokens, ids["eos"]), want.ties, want
+        return oracle_rules.trim_at_eos(want.tokens, ids["eos"]), want.ties, want
 
     compare_until(len(LLADA_CASES), lambda draw: compare_with_oracle(
         llm, LLADA_CASES, rng, reference, extra_request=(random_prompt(rng, 8), plain)))
@@ -155,9 +155,9 @@ def test_dream_logprobs_come_from_the_row_before(dream):
     def reference(case, prompt, commit_logits):
         _, _, n, extra, t, seed, _ = case
         extra = dict(extra)
-        want = oracle.dream_generate(model, prompt, max_new_tokens=n, steps=extra.pop("steps"), temperature=t,
+        want = oracle_dream.dream_generate(model, prompt, max_new_tokens=n, steps=extra.pop("steps"), temperature=t,
                                      mask_id=ids["mask"], seed=seed, commit_logits=commit_logits, **extra)
-        return oracle.trim_at_eos(want.tokens, ids["eos"]), want.ties, want
+        return oracle_rules.trim_at_eos(want.tokens, ids["eos"]), want.ties, want
 
     compare_until(len(DREAM_CASES), lambda draw: compare_with_oracle(llm, DREAM_CASES, rng, reference))
 

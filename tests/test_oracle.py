@@ -1,5 +1,6 @@
-"""Self-checks of the test oracle (tests/oracle_model.py, tests/oracle.py): the random
-stream, the forward pass and the reference decoding loops.  CPU only, no vllm, no
+"""Self-checks of the test oracle (tests/oracle_model.py, tests/oracle.py,
+tests/oracle_dream.py): the random stream, the forward pass and the reference
+decoding loops.  CPU only, no vllm, no
 plugin.  The KV-cache policies are checked in test_oracle_cache.py.
 
 The checkpoints are tiny random models written into a tmp dir (tests/oracle_fixtures.py)
@@ -18,12 +19,10 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import oracle  # noqa: E402
+import oracle_dream  # noqa: E402
 import oracle_model  # noqa: E402
-from oracle import (  # noqa: E402
-    OracleResult,
-    llada_generate,
-    trim_at_eos,
-)
+from tests.oracle_rules import OracleResult, trim_at_eos  # noqa: E402
+from oracle import llada_generate  # noqa: E402
 from oracle_fixtures import (  # noqa: E402
     EOS, EOT, HIDDEN, MASK, PROMPT, VOCAB, FakeModel, Recorder, _dream, _expected_schedule, _llada, one_hot_logits,
     tiny_dream, tiny_llada, write_dream, write_llada,
@@ -417,17 +416,17 @@ def test_dream_sampling_options_and_seeds(dream):
 
 def test_dream_top_k_and_top_p_filters():
     logits = torch.tensor([[3.0, 1.0, 2.0, 0.0]])
-    assert oracle.top_k_logits(logits, 2).tolist()[0][:3] == [3.0, torch.finfo(torch.float32).min, 2.0]
+    assert oracle_dream.top_k_logits(logits, 2).tolist()[0][:3] == [3.0, torch.finfo(torch.float32).min, 2.0]
     # softmax([3,2,1,0]) cumsum = .64, .88, .97, 1: top_p .7 keeps the first two.
-    kept = oracle.top_p_logits(logits, 0.7)[0] > torch.finfo(torch.float32).min
+    kept = oracle_dream.top_p_logits(logits, 0.7)[0] > torch.finfo(torch.float32).min
     assert kept.tolist() == [True, False, True, False]
     # Renormalisation changes the confidence at T = 0.
-    conf_full, _, _ = oracle.dream_sample_tokens(logits)
-    conf_k, x0, _ = oracle.dream_sample_tokens(logits, top_k=2)
+    conf_full, _, _ = oracle_dream.dream_sample_tokens(logits)
+    conf_k, x0, _ = oracle_dream.dream_sample_tokens(logits, top_k=2)
     assert x0.tolist() == [0] and conf_k.item() > conf_full.item()
-    _, _, _ = oracle.dream_sample_tokens(logits, neg_entropy=True)
-    margin, _, _ = oracle.dream_sample_tokens(logits, margin_confidence=True)
+    _, _, _ = oracle_dream.dream_sample_tokens(logits, neg_entropy=True)
+    margin, _, _ = oracle_dream.dream_sample_tokens(logits, margin_confidence=True)
     p = torch.softmax(logits[0], -1)
     assert margin.item() == pytest.approx((p[0] - p[2]).item())
-    ent, _, _ = oracle.dream_sample_tokens(logits, neg_entropy=True)
+    ent, _, _ = oracle_dream.dream_sample_tokens(logits, neg_entropy=True)
     assert ent.item() == pytest.approx(float((p * torch.log(p + 1e-10)).sum()))

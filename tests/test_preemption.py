@@ -9,7 +9,7 @@ import random
 import pytest
 from vllm import SamplingParams
 
-from tests import oracle, oracle_model
+from tests import oracle, oracle_model, oracle_rules
 from tests.conftest import close_engine, make_engine, random_prompt
 from tests.test_exact_decoding import _special, cache_arguments
 
@@ -52,4 +52,4 @@ def test_preempted_request_resumes_and_matches_unpreempted(tiny_dirs, cache):
             model, prompt, gen_length=gen, steps=gen, block_length=8, cache=cache, **cache_arguments({"cache": cache}, set()),
             mask_id=ids["mask"], eos_id=ids["eos"], eot_id=ids["eot"],
         )
-        assert outputs[name] == oracle.trim_at_eos(result.tokens, ids["eos"])
+        assert outputs[name] == oracle_rules.trim_at_eos(result.tokens, ids["eos"])

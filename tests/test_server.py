@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests import oracle, oracle_model
+from tests import oracle, oracle_model, oracle_rules
 from tests.conftest import random_prompt
 from tests.tie_free import compare_each_case
 from tests.server_utils import ServerProcess
@@ -327,7 +327,7 @@ def test_exact_against_oracle(server, client, tokenizer, special_ids, model_dir)
             if result.ties:
                 tied.append(case)  # either side of an exact tie is right: draw this case again
                 continue
-            want = oracle.trim_at_eos(result.tokens, special_ids["eos"])
+            want = oracle_rules.trim_at_eos(result.tokens, special_ids["eos"])
             assert choice["token_ids"] == want, f"{extra}: server {choice['token_ids']} != oracle {want}"
             assert_same_text(choice["text"], tokenizer.decode(want, skip_special_tokens=True))
         return tied

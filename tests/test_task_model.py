@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from tests import oracle, oracle_model
+from tests import oracle, oracle_model, oracle_rules
 from tests.tie_free import compare_until
 from vllm_dllm import eval as task_eval
 from vllm_dllm.default_model import PATH
@@ -97,7 +97,7 @@ def test_plugin_matches_the_oracle_on_the_trained_model(runner, cache):
                 )
                 if want.ties:
                     continue
-                assert list(out.token_ids) == oracle.trim_at_eos(want.tokens, {eot, eos}), f"{name} ({cache})"
+                assert list(out.token_ids) == oracle_rules.trim_at_eos(want.tokens, {eot, eos}), f"{name} ({cache})"
                 compared += 1
         return compared
 
