@@ -450,6 +450,8 @@ class StepEngine:
     def _take_logprobs(self, slots_host: np.ndarray, starts: np.ndarray, output: StepOutput) -> None:
         """The logprob rows of the new tokens of the requests that asked (the step's
         third device-to-host copy, only when one of them has new tokens)."""
+        if not self.logprobs.row_of[slots_host].any():
+            return
         counts = np.array([len(t) for t in output.new_tokens], dtype=np.int64)
         asking = (self.logprobs.row_of[slots_host] > 0) & (counts > 0)
         if not asking.any():
