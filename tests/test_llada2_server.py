@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import random_prompt
 from tests.oracle_llada2 import llada2_generate, load_llada2_oracle
 from tests.server_utils import ServerProcess
-from tests.test_server import chat_prompt_ids, complete, metrics, sse_events
+from tests.llada_server import chat_prompt_ids, complete, metrics, sse_events
 from tests.tie_free import compare_each_case
 
 
