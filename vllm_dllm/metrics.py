@@ -19,7 +19,8 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.spec_decode.metrics import SpecDecodingStats
 
 EXTRA_FIELDS = ("refresh_steps", "reuse_steps", "query_tokens", "logits_rows", "delayed_steps", "cache_rebuilds",
-                "kv_slots", "kv_dense_slots", "edited_tokens", "completed_blocks")
+                "kv_slots", "kv_dense_slots", "edited_tokens", "completed_blocks", "returned_tokens",
+                "forced_tokens")
 
 
 @dataclass
@@ -37,6 +38,8 @@ class StepStats:
     kv_dense_slots: int = 0  # ...and would hold with every position cached
     edited_tokens: int = 0  # committed tokens rewritten by token editing (LLaDA2.1)
     completed_blocks: int = 0  # canvas blocks that ended (denoising steps / blocks: forwards per block)
+    returned_tokens: int = 0  # final tokens a grammar rejected, returned to the mask (structured outputs)
+    forced_tokens: int = 0  # tokens a grammar forced at a frontier, committed without a step (jump-forward)
 
     def to_spec_decoding_stats(self) -> SpecDecodingStats:
         return SpecDecodingStats(
@@ -80,6 +83,14 @@ _COUNTERS = {
     "completed_blocks": (
         "vllm:diffusion_num_completed_blocks",
         "Canvas blocks that ended; denoising steps per completed block is the forwards per block.",
+    ),
+    "returned_tokens": (
+        "vllm:diffusion_num_grammar_returned_tokens",
+        "Final tokens a structured-output grammar rejected, returned to the mask and decoded again.",
+    ),
+    "forced_tokens": (
+        "vllm:diffusion_num_grammar_forced_tokens",
+        "Tokens a structured-output grammar allowed alone, committed without a denoising step (jump-forward).",
     ),
 }
 _GAUGES = {

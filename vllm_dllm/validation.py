@@ -26,7 +26,6 @@ _UNSUPPORTED = {
     # Logprobs over the whole vocabulary per token (vLLM's logprobs=-1).
     "logprobs=-1": lambda p: p.logprobs is not None and p.logprobs < 0,
     "prompt_logprobs=-1": lambda p: p.prompt_logprobs is not None and p.prompt_logprobs < 0,
-    "structured_outputs": lambda p: p.structured_outputs is not None,
     "allowed_token_ids": lambda p: bool(p.allowed_token_ids),
     "bad_words": lambda p: bool(p.bad_words),
     "min_p": lambda p: p.min_p > 0,
@@ -65,6 +64,9 @@ class DiffusionParamsValidator(LogitsProcessor):
         if sampling_params.prompt_logprobs is not None and getattr(options, "block_causal", False):
             raise VLLMValidationError("prompt_logprobs are not supported for block-causal models (LLaDA2) yet",
                                       parameter="prompt_logprobs")
+        if sampling_params.structured_outputs is not None and getattr(options, "block_causal", False):
+            raise VLLMValidationError("structured outputs are not supported for block-causal models (LLaDA2) yet",
+                                      parameter="structured_outputs")
         problem = defaults.deployment_problem(options)
         if problem:
             raise VLLMValidationError(problem, parameter="cache")

@@ -14,6 +14,7 @@ import torch
 
 from vllm_dllm.decoding.base import BatchedRule
 from vllm_dllm.decoding.logprobs import LogprobsCollector
+from vllm_dllm.decoding.grammar_mask import mask_rows
 
 Project = Callable[[torch.Tensor], torch.Tensor]
 
@@ -37,6 +38,7 @@ def chunked_reduce(
     uncond_rows: torch.Tensor | None = None,
     cfg_scale: torch.Tensor | None = None,
     logprobs: LogprobsCollector | None = None,
+    grammar: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Project `hidden[cond_rows]` chunk by chunk and reduce each chunk with `rule`.
 
@@ -46,6 +48,9 @@ def chunked_reduce(
     un + (cfg + 1) * (cond - un), which is exactly `cond` when both rows are one.
     With `logprobs`, each chunk's logits as the model gave them (guided) are kept
     until the rule has chosen its tokens, and their logprob rows collected.
+    With `grammar` = (bitmask [n, words], row per candidate, -1 for none), a
+    candidate's logits keep only the tokens its bitmask row allows (after guidance,
+    before the rule and the logprobs: the distribution the token is drawn from).
     """
     count = len(cond_rows)
     if count == 0:
@@ -62,6 +67,8 @@ def chunked_reduce(
             cond, uncond = project(hidden[rows]).chunk(2)
             logits = uncond + (cfg_scale[chunk, None] + 1) * (cond - uncond)
             del cond, uncond
+        if grammar is not None:
+            logits = mask_rows(logits, grammar[0], grammar[1][chunk])
         raw = logits.clone() if logprobs is not None else None  # the rule may edit logits in place
         chunk_tokens, chunk_conf = rule.reduce(logits, slots[chunk], positions[chunk])
         del logits

@@ -22,9 +22,10 @@ import numpy as np
 import torch
 
 from vllm_dllm.attention.metadata import attention_metadata
-from vllm_dllm.decoding.base import DecodeState, SpecialIds, make_rule
+from vllm_dllm.decoding.base import PAD, DecodeState, SpecialIds, make_rule
 from vllm_dllm.decoding.logits import chunked_reduce
 from vllm_dllm.decoding.logprobs import LogprobsCollector
+from vllm_dllm.engine.constraints import FrontierMasks, GrammarStep, frontier_masks, return_to_mask
 from vllm_dllm.engine.graphs import ReuseGraphs
 from vllm_dllm.engine.logprob_store import LogprobStore
 from vllm_dllm.engine.prompt_scoring import PromptLogprobs, PromptScorer
@@ -170,6 +171,7 @@ class StepEngine:
         )
         self.slots: dict[str, int] = {}
         self.emitted: dict[str, int] = {}
+        self._masks: FrontierMasks | None = None  # this step's grammar masks (constrain)
         self._num_blocks: dict[str, int] = {}
         self._free = list(range(capacity - 1, -1, -1))
         self.graphs = None
@@ -316,6 +318,37 @@ class StepEngine:
     def __contains__(self, req_id: str) -> bool:
         return req_id in self.slots
 
+    # ---- structured outputs (engine/constraints.py) ---------------------------
+
+    def constrain(self, step: GrammarStep | None) -> None:
+        """The grammars' decisions for the coming step: tokens that broke a grammar go
+        back to the mask (their request restarts the block holding the first), forced
+        tokens are committed at the frontiers, and the frontier masks wait for the
+        LM head.  Requests this engine does not hold (finished meanwhile) are skipped."""
+        self._masks = None
+        if not step:
+            return
+        returned = {r: p for r, p in step.returned.items() if r in self.slots}
+        if returned:
+            slots_host = np.array([self.slots[r] for r in returned], dtype=np.int64)
+            starts = np.array(list(returned.values()), dtype=np.int64)
+            slots = to_device(slots_host, self.device)
+            return_to_mask(self.decode.canvas, slots, to_device(starts, self.device), self.ids.mask, PAD)
+            blocks = starts // self.host.block_length[slots_host]
+            self.host.block[slots_host], self.host.block_step[slots_host] = blocks, 0
+            self.decode.block[slots], self.decode.block_step[slots] = to_device(blocks, self.device), 0
+            self.emitted.update(returned)
+        forced = {r: t for r, t in step.forced.items() if r in self.slots and t}
+        if forced:
+            slots_host = np.concatenate([np.full(len(t), self.slots[r], dtype=np.int64) for r, t in forced.items()])
+            positions = np.concatenate([self.emitted[r] + np.arange(len(t)) for r, t in forced.items()])
+            tokens = np.concatenate([np.asarray(t, dtype=np.int64) for t in forced.values()])
+            self.decode.canvas[to_device(slots_host, self.device), to_device(positions, self.device)] = to_device(
+                tokens, self.device)
+            self.logprobs.record_forced(slots_host, positions, tokens)
+        frontier = {r: self.emitted[r] + len(step.forced.get(r, ())) for r in step.masked if r in self.slots}
+        self._masks = frontier_masks(step, self.slots, frontier, self.capacity, self.device)
+
     # ---- one step ------------------------------------------------------------
 
     def layout(self, slots: np.ndarray) -> BatchLayout:
@@ -439,6 +472,7 @@ class StepEngine:
         progress = np.stack([h.block[slots_host], h.block_step[slots_host]], axis=1)
         output = StepOutput(new_tokens=new_tokens, logits_rows=logits_rows,
                             progress=[tuple(p) for p in progress.tolist()], edits=edits)
+        self._masks = None
         self._take_logprobs(slots_host, starts, output)
         self.prompt_scorer.score(self, req_ids, slots_host)
         if self.prompt_scorer.pending:
@@ -512,7 +546,9 @@ class StepEngine:
             source = (source - 1).clamp(min=0)
         seqs = seqs[:, rows]
         offset = source - inputs.query_start[seqs[0]]
-        uncond_rows = cfg_scale = None
+        uncond_rows = cfg_scale = grammar = None
+        if self._masks is not None:
+            grammar = (self._masks.bitmask, self._masks.rows_for(cand_slots, positions))
         if has_twins:
             uncond_rows = inputs.query_start_loc[seqs[1]] + offset
             cfg_scale = self.decode.cfg_scale[cand_slots]
@@ -527,6 +563,7 @@ class StepEngine:
             uncond_rows=uncond_rows,
             cfg_scale=cfg_scale,
             logprobs=logprobs,
+            grammar=grammar,
         )
 
     # ---- memory profiling ----------------------------------------------------

@@ -86,6 +86,19 @@ class LogprobStore:
             keep, candidates.values, self.values[store_rows, positions, :width])
         self.rank[store_rows, positions] = torch.where(written, candidates.rank, self.rank[store_rows, positions])
 
+    def record_forced(self, slots_host: np.ndarray, positions: np.ndarray, tokens: np.ndarray) -> None:
+        """Rows of tokens a grammar forced (jump-forward): the only token its
+        constrained distribution allows, so log-probability 0, rank 1, and itself
+        as every top entry."""
+        store_rows = self.row_of[slots_host]
+        asking = store_rows > 0
+        if not asking.any():
+            return
+        index = torch.as_tensor(np.stack([store_rows[asking], positions[asking]]), device=self.device)
+        self.ids[index[0], index[1]] = torch.as_tensor(tokens[asking], device=self.device)[:, None]
+        self.values[index[0], index[1]] = 0.0
+        self.rank[index[0], index[1]] = 1
+
     def take(self, slots_host: np.ndarray, starts: np.ndarray, ends: np.ndarray):
         """Rows of positions [start, end) of each request (all of them asking), in
         order, as numpy (token ids, logprobs, ranks), in one device-to-host copy."""

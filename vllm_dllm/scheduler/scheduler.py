@@ -22,6 +22,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.request import Request, RequestStatus
 
+from vllm_dllm.engine.constraints import GrammarStep
 from vllm_dllm.engine.prompt_scoring import scoring_tokens
 from vllm_dllm.kv_footprint import request_slots
 from vllm_dllm.metrics import StepStats
@@ -34,11 +35,20 @@ from vllm_dllm.phases import (
     max_block_causal_queries,
 )
 from vllm_dllm.scheduler.accounting import ComputedTokensAccounting
+from vllm_dllm.scheduler.grammar import Frontier, ends_request, plan_frontiers
 from vllm_dllm.scheduler.plan import Candidate, Holder, choose_preemptions, plan_step
 from vllm_dllm.scheduler.prefix_cache import leading_blocks, usable_prefix
 from vllm_dllm.server_config import prefill_chunk, server_defaults
 
 logger = init_logger(__name__)
+
+
+@dataclass
+class DiffusionSchedulerOutput(SchedulerOutput):
+    """vLLM's scheduler output plus the step's structured-output decisions
+    (engine/constraints.py; None when no request of the step has a grammar)."""
+
+    grammar: GrammarStep | None = None
 
 
 @dataclass
@@ -151,6 +161,12 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
         self._rejected: dict[str, str] = {}
         self._step_stats: StepStats | None = None
         self._delayed = 0  # running requests that sat the last planned step out
+        # Structured outputs (scheduler/grammar.py): where each request's streamed
+        # tokens broke its grammar (sent with the next step), the bitmask rows, and
+        # the tokens forced this step (for the step's stats).
+        self._returned: dict[str, int] = {}
+        self._bitmask = None
+        self._forced = 0
 
     # ---- admission ----------------------------------------------------------
 
@@ -188,6 +204,8 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
                 f"({options.gen_length}{padded}) exceeds max_model_len {self.max_model_len}"
             )
         causal = is_block_causal(options)
+        if causal and params.structured_outputs is not None:
+            return "structured outputs are not supported for block-causal models (LLaDA2) yet"
         chunk = self.prefill_chunk if causal else 0
         most_queries = max_block_causal_queries(options.block_length, seq_len, chunk) if causal else seq_len
         tokens = most_queries * sequence_copies(options)
@@ -236,8 +254,22 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             track.profile() if self.needs_profiles else (),
         )
 
+    def _grammar_ready(self, request: Request) -> bool:
+        """A request waiting for its grammar to compile is not admitted; a failed
+        compilation finishes it with vLLM's error at the end of the step."""
+        if request.status != RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
+            return True
+        grammar = request.structured_output_request.grammar if request.structured_output_request else None
+        if grammar is None:
+            return False
+        if isinstance(grammar, Exception):
+            self.grammar_compile_error_reqs.add(request.request_id)
+            return False
+        request.status = RequestStatus.WAITING
+        return True
+
     def _waiting_in_order(self) -> list[Request]:
-        waiting = [r for r in self.waiting if r.request_id not in self._rejected]
+        waiting = [r for r in self.waiting if r.request_id not in self._rejected and self._grammar_ready(r)]
         if self.policy == SchedulingPolicy.PRIORITY:
             waiting.sort(key=lambda r: (r.priority, r.arrival_time))
         return waiting
@@ -359,7 +391,7 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
         )
         for req_id, tokens in plan.num_tokens.items():
             self.requests[req_id].num_in_flight_tokens += tokens
-        output = SchedulerOutput(
+        output = DiffusionSchedulerOutput(
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=cached,
             num_scheduled_tokens=dict(plan.num_tokens),
@@ -369,13 +401,79 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             finished_req_ids=self.finished_req_ids,
             free_encoder_mm_hashes=[],
             preempted_req_ids=self.reset_preempted_req_ids,
+            grammar=self._plan_grammar([self.requests[r] for r in plan.num_tokens]),
         )
         self.finished_req_ids = set()
         self.reset_preempted_req_ids = set()
         return output
 
+    # ---- structured outputs (scheduler/grammar.py) ---------------------------
+
+    def _plan_grammar(self, scheduled: list[Request]) -> GrammarStep | None:
+        """Forced tokens and frontier masks of the step's constrained requests, and
+        the returns to the mask the last step's validation decided."""
+        frontiers = []
+        for request in scheduled:
+            if not request.use_structured_output:
+                continue
+            options = self._costs[request.request_id].options
+            start = request.num_output_tokens
+            block = options.gen_length // options.num_blocks
+            end = min((start // block + 1) * block, options.output_length)
+            frontiers.append(Frontier(request.request_id, request.structured_output_request.grammar,
+                                      max(end - start, 0), frozenset(request.sampling_params.all_stop_token_ids)))
+        if not frontiers and not self._returned:
+            return None
+        step = plan_frontiers(frontiers, self._bitmask_rows(len(frontiers))) if frontiers else GrammarStep()
+        step.returned, self._returned = self._returned, {}
+        self._forced = sum(len(tokens) for tokens in step.forced.values())
+        return step
+
+    def _bitmask_rows(self, rows: int):
+        if self._bitmask is None or self._bitmask.shape[0] < rows:
+            backend = self.structured_output_manager.backend
+            self._bitmask = backend.allocate_token_bitmask(max(rows, self.max_num_running_reqs))
+        return self._bitmask
+
+    def _validate_streamed(self, model_runner_output) -> int:
+        """Cut each constrained request's new tokens to the prefix its grammar
+        accepts (vLLM then streams and accepts only those), and note where the rest
+        goes back to the mask.  Returns the tokens cut."""
+        cut = 0
+        for req_id, index in model_runner_output.req_id_to_index.items():
+            request = self.requests.get(req_id)
+            if request is None or not request.use_structured_output:
+                continue
+            new = model_runner_output.sampled_token_ids[index]
+            if not new or request.structured_output_request.grammar.is_terminated():
+                continue
+            valid = self.structured_output_manager.validate_tokens(request, list(new))
+            if len(valid) == len(new):
+                continue
+            model_runner_output.sampled_token_ids[index] = valid
+            params = request.sampling_params
+            if ends_request(valid, frozenset(params.all_stop_token_ids)) and not params.ignore_eos:
+                continue
+            self._returned[req_id] = request.num_output_tokens + len(valid)
+            cut += len(new) - len(valid)
+        return cut
+
+    def _restart_returned_blocks(self) -> None:
+        """A request whose tokens went back to the mask restarts the block holding
+        the first of them (as the engine does: engine/constraints.py)."""
+        for req_id, start in self._returned.items():
+            track = self._costs.get(req_id)
+            if track is not None:
+                track.block = start // (track.options.gen_length // track.options.num_blocks)
+                track.block_step = 0
+
     def update_from_output(self, scheduler_output, model_runner_output):
+        returned = self._validate_streamed(model_runner_output) if self._costs else 0
         self._step_stats = self._measure_step(scheduler_output, model_runner_output)
+        self._restart_returned_blocks()
+        if self._step_stats is not None:
+            self._step_stats.returned_tokens, self._step_stats.forced_tokens = returned, self._forced
+        self._forced = 0
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         self._step_stats = None
         if self._rejected:

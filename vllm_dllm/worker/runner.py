@@ -220,6 +220,7 @@ class DiffusionModelRunner:
 
     def execute_model(self, scheduler_output: SchedulerOutput, intermediate_tensors=None) -> ModelRunnerOutput:
         self._update_states(scheduler_output)
+        self.engine.constrain(getattr(scheduler_output, "grammar", None))
         order = list(scheduler_output.num_scheduled_tokens)
         if not order:
             return EMPTY_MODEL_RUNNER_OUTPUT

@@ -1,0 +1,274 @@
+"""Structured outputs under diffusion decoding (issue 25): vLLM's grammars enforced
+at the frontier, rejected final tokens returned to the mask, forced tokens
+committed without a step.
+
+* the frontier mask and the planning of forced tokens against their definitions
+  (packed bitmask bits, xgrammar's own matcher);
+* LLaDA token for token against a plain constrained loop written from the
+  definition (tests/oracle_grammar.py), on tie-free draws;
+* every constrained output parses (regex, choice, JSON schema) for LLaDA and Dream
+  under every decoding mode (fixed, a parallel rule over the dual cache, CFG,
+  sampling, Dream's top-k/top-p), batched with unconstrained requests whose tokens
+  do not change.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import numpy as np
+import pytest
+import torch
+from vllm import SamplingParams
+from vllm.sampling_params import StructuredOutputsParams
+
+from tests import oracle_model
+from tests.conftest import close_engine, make_engine, random_prompt
+from tests.oracle_grammar import constrained_llada
+from tests.tie_free import compare_until
+from vllm_dllm.decoding.grammar_mask import allowed_tokens, mask_rows
+from vllm_dllm.scheduler.grammar import Frontier, plan_frontiers, sole_token
+
+xgr = pytest.importorskip("xgrammar")
+
+REGEX = r"[a-d]{2}-[0-9]{1,3}"
+CHOICES = ["alpha", "beta", "gamma"]
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "n": {"type": "integer", "minimum": 0, "maximum": 99},
+        "tag": {"type": "string", "enum": ["x", "yy"]},
+    },
+    "required": ["ok", "n", "tag"],
+    "additionalProperties": False,
+}
+# Whitespace-free JSON (vLLM's --structured-outputs-config disable_any_whitespace):
+# a random checkpoint would otherwise fill any canvas with whitespace.
+ENGINE_STRUCTURED = {"structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}}
+
+
+# ---- the frontier mask and forced tokens, from their definitions ---------------
+
+
+def test_mask_rows_keeps_exactly_the_allowed_bits():
+    gen = torch.Generator().manual_seed(0)
+    vocab, words = 77, 3  # logits wider than the mask's 96 bits? no: narrower, and not a multiple of 32
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (4, words), generator=gen, dtype=torch.int64).to(torch.int32)
+    logits = torch.randn(6, vocab, generator=gen)
+    rows = torch.tensor([0, -1, 3, 2, -1, 0])
+    got = mask_rows(logits.clone(), bitmask, rows)
+    for i, r in enumerate(rows.tolist()):
+        for v in range(vocab):
+            allowed = r < 0 or (int(bitmask[r, v // 32]) >> (v % 32)) & 1
+            assert got[i, v] == (logits[i, v] if allowed else float("-inf")), (i, v)
+    # Logits columns past the mask's bits are never allowed.
+    wide = allowed_tokens(torch.full((1, 1), -1, dtype=torch.int32), 40)
+    assert wide[0, :32].all() and not wide[0, 32:].any()
+
+
+def test_sole_token_reads_a_single_bit_or_stop_tokens_only():
+    row = np.zeros(4, dtype=np.int32)
+    assert sole_token(row, frozenset({5})) is None
+    row[2] = 1 << 7
+    assert sole_token(row, frozenset()) == 71
+    row[0] = 1 << 5
+    assert sole_token(row, frozenset({5})) is None  # 5 (stop) or 71
+    assert sole_token(row, frozenset({5, 71})) == 5  # stop tokens only: the lowest
+    row = np.full(4, -1, dtype=np.int32)
+    assert sole_token(row, frozenset({5})) is None
+
+
+@pytest.fixture(scope="module")
+def grammar_kit(tiny_dirs):
+    """The tiny LLaDA's tokenizer as xgrammar sees it, and vLLM's grammar wrapper."""
+    from transformers import AutoTokenizer
+    from vllm.v1.structured_output.backend_xgrammar import XgrammarGrammar
+
+    from vllm_dllm.configs import register_hf_classes
+
+    register_hf_classes()
+    model_dir = tiny_dirs("llada")
+    config = json.loads(open(f"{model_dir}/config.json").read())
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    vocab = config["vocab_size"]
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab))
+    eos = config["eos_token_id"]
+
+    def matcher(kind: str, spec):
+        if kind == "regex":
+            ctx = compiler.compile_regex(spec)
+        elif kind == "choice":
+            ctx = compiler.compile_regex("(" + "|".join(re.escape(c) for c in spec) + ")")
+        else:
+            ctx = compiler.compile_json_schema(json.dumps(spec), any_whitespace=False, separators=(",", ":"))
+        return xgr.GrammarMatcher(ctx, override_stop_tokens=[eos])
+
+    def wrapped(kind, spec):
+        m = matcher(kind, spec)
+        return XgrammarGrammar(vocab_size=vocab, matcher=m, ctx=None), m
+
+    return dict(model_dir=model_dir, tok=tok, vocab=vocab, eos=eos, mask=config["mask_token_id"],
+                matcher=matcher, wrapped=wrapped)
+
+
+def test_plan_frontiers_forces_what_the_grammar_allows_alone_and_rolls_back(grammar_kit):
+    kit = grammar_kit
+    tok = kit["tok"]
+    literal, _ = kit["wrapped"]("regex", "ID-[0-9]")
+    free, _ = kit["wrapped"]("regex", "[a-z]+")
+    bitmask = xgr.allocate_token_bitmask(2, kit["vocab"])
+    frontiers = [Frontier("lit", literal, 8, frozenset({kit["eos"]})), Frontier("free", free, 8, frozenset())]
+    step = plan_frontiers(frontiers, bitmask)
+    forced = step.forced["lit"]
+    assert tok.decode(forced) == "ID-", forced  # single-character tokens: each allowed alone
+    assert "free" not in step.forced and step.masked == ["lit", "free"]
+    # The grammar stands where it stood (rolled back), and the row is the mask after "ID-".
+    assert literal.validate_tokens(forced) == forced
+    digits = {tok.convert_tokens_to_ids(str(d)) for d in range(10)}
+    row = step.bitmask[0]
+    allowed = {v for v in range(kit["vocab"]) if (int(row[v // 32]) >> (v % 32)) & 1}
+    assert allowed == digits
+    # Room bounds the forcing: one position left forces one token.
+    again, _ = kit["wrapped"]("regex", "ID-[0-9]")
+    step = plan_frontiers([Frontier("lit", again, 1, frozenset())], bitmask)
+    assert len(step.forced["lit"]) == 1
+
+
+# ---- LLaDA against the constrained loop written from the definition ------------
+
+EXACT_CASES = [
+    # (name, grammar kind, spec, prompt length, gen length, steps, block length)
+    ("regex, one token per step", "regex", REGEX, 6, 16, 16, 8),
+    ("regex, two per step", "regex", REGEX, 5, 16, 8, 8),
+    ("choice", "choice", CHOICES, 7, 16, 8, 8),
+    ("json schema", "json", SCHEMA, 6, 32, 16, 8),
+]
+
+
+def request_params(kind: str, spec, **kw) -> SamplingParams:
+    structured = {"regex": lambda: StructuredOutputsParams(regex=spec),
+                  "choice": lambda: StructuredOutputsParams(choice=list(spec)),
+                  "json": lambda: StructuredOutputsParams(json=spec)}[kind]()
+    return SamplingParams(structured_outputs=structured, **kw)
+
+
+@pytest.fixture(scope="module")
+def llada(grammar_kit):
+    llm = make_engine(grammar_kit["model_dir"], **ENGINE_STRUCTURED)
+    yield llm
+    close_engine(llm)
+
+
+def test_llada_matches_the_constrained_loop(llada, grammar_kit):
+    kit = grammar_kit
+    model = oracle_model.load_oracle(kit["model_dir"])
+    rng = random.Random(11)
+    totals = {"forced": 0, "returned": 0}
+
+    def draw(_):
+        prompts = [random_prompt(rng, case[3]) for case in EXACT_CASES]
+        params = [request_params(kind, spec, max_tokens=gen, temperature=0.0,
+                                 extra_args={"steps": steps, "block_length": block})
+                  for _, kind, spec, _, gen, steps, block in EXACT_CASES]
+        outs = llada.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        compared = 0
+        for case, prompt, out in zip(EXACT_CASES, prompts, outs):
+            name, kind, spec, _, gen, steps, block = case
+            want, ties, forced, returned = constrained_llada(
+                model, kit["matcher"](kind, spec), xgr, prompt, gen_length=gen, steps=steps, block_length=block,
+                mask_id=kit["mask"], stop_ids={kit["eos"]}, vocab=kit["vocab"])
+            if ties:
+                continue
+            assert list(out.outputs[0].token_ids) == want, name
+            totals["forced"] += forced
+            totals["returned"] += returned
+            compared += 1
+        return compared
+
+    compare_until(2 * len(EXACT_CASES), draw)
+    # The comparison exercised both mechanisms, not only the frontier mask.
+    assert totals["forced"] > 0 and totals["returned"] > 0, totals
+
+
+# ---- every output parses, in every mode, beside unconstrained requests ---------
+
+def parses(kind: str, spec, text: str) -> bool:
+    if kind == "regex":
+        return re.fullmatch(spec, text) is not None
+    if kind == "choice":
+        return text in spec
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    return (isinstance(value, dict) and set(value) == {"ok", "n", "tag"} and isinstance(value["ok"], bool)
+            and isinstance(value["n"], int) and 0 <= value["n"] <= 99 and value["tag"] in ("x", "yy"))
+
+
+LLADA_MODES = [
+    {"steps": 32, "block_length": 8},
+    {"steps": 8, "block_length": 8, "decoding": "threshold", "threshold": 0.5, "cache": "dual"},
+    {"steps": 16, "block_length": 16, "cfg_scale": 1.0},
+    {"steps": 16, "block_length": 8, "cache": "prefix"},
+]
+
+
+def check_all_parse_beside_unconstrained(llm, modes, temperatures, rng, gen=32):
+    grammars = [("regex", REGEX), ("choice", CHOICES), ("json", SCHEMA)]
+    requests, expected = [], []
+    for i, mode in enumerate(modes):
+        for kind, spec in grammars:
+            t = temperatures[i % len(temperatures)]
+            # ASCII prompts: vLLM's incremental detokenizer decodes the first output
+            # tokens together with the prompt's last ones, and random byte tokens
+            # there would put stray characters into the text.
+            requests.append(({"prompt_token_ids": random_prompt(rng, rng.randint(3, 9), 97, 123)},
+                             request_params(kind, spec, max_tokens=gen, temperature=t, seed=i,
+                                            extra_args=dict(mode))))
+            expected.append((kind, spec))
+    plain = [({"prompt_token_ids": random_prompt(rng, 6)},
+              SamplingParams(max_tokens=gen, temperature=0.0, seed=7, extra_args=dict(mode))) for mode in modes]
+    outs = llm.generate([p for p, _ in requests + plain], [s for _, s in requests + plain], use_tqdm=False)
+    for (kind, spec), out in zip(expected, outs):
+        text = out.outputs[0].text
+        assert parses(kind, spec, text), (kind, text, out.outputs[0].finish_reason)
+        assert out.outputs[0].finish_reason == "stop", (kind, text)
+    alone = llm.generate([p for p, _ in plain], [s for _, s in plain], use_tqdm=False)
+    for batched, single in zip(outs[len(requests):], alone):
+        assert list(batched.outputs[0].token_ids) == list(single.outputs[0].token_ids)
+
+
+def test_llada_outputs_parse_in_every_mode(llada):
+    check_all_parse_beside_unconstrained(llada, LLADA_MODES, [0.0, 0.7], random.Random(3))
+
+
+@pytest.fixture(scope="module")
+def dream(tiny_dirs):
+    llm = make_engine(tiny_dirs("dream"), **ENGINE_STRUCTURED)
+    yield llm
+    close_engine(llm)
+
+
+DREAM_MODES = [
+    {"steps": 32},
+    {"steps": 16, "alg": "entropy", "top_k": 20, "top_p": 0.9},
+    {"steps": 8, "block_length": 16, "cache": "dual", "alg": "maskgit_plus", "decoding": "threshold", "threshold": 0.5},
+]
+
+
+def test_dream_outputs_parse_in_every_mode(dream):
+    check_all_parse_beside_unconstrained(dream, DREAM_MODES, [0.0, 0.5], random.Random(4))
+
+
+def test_a_canvas_too_short_ends_with_length_and_the_valid_prefix(llada):
+    out = llada.generate(
+        [{"prompt_token_ids": [5, 6, 7]}],
+        request_params("json", SCHEMA, max_tokens=8, temperature=0.0, extra_args={"steps": 8, "block_length": 8}),
+        use_tqdm=False,
+    )[0].outputs[0]
+    assert out.finish_reason == "length" and len(out.token_ids) == 8
+    assert out.text.startswith('{"') and not parses("json", SCHEMA, out.text)
+

@@ -1,0 +1,90 @@
+"""Structured outputs in the scheduler: vLLM's grammars over diffusion canvases.
+
+vLLM's structured-output manager compiles each request's grammar (asynchronously;
+the request waits until it is ready) and vLLM's scheduler feeds it every token it
+streams (`accept_tokens`).  A diffusion step streams a request's newly final
+tokens, several at once, and only the first of them, the frontier, was decoded
+under the grammar's mask (engine/constraints.py).  So:
+
+* after a step, before vLLM sees them, a constrained request's new tokens are
+  validated (`validate_streamed`): the longest prefix the grammar accepts streams,
+  and from the first token it rejects on every committed token goes back to the
+  mask (`GrammarStep.returned`);
+* before a step, each scheduled constrained request's mask for its frontier is
+  filled, and a token its grammar allows alone there is forced: committed without a
+  step, and the mask filled again behind it (`plan_frontiers`, jump-forward).  A
+  mask that allows only stop tokens forces one: the rest of the canvas is end of
+  text.
+
+The grammar objects are vLLM's `StructuredOutputGrammar` (fill_bitmask,
+accept_tokens, rollback, is_terminated); forced tokens are accepted to find the
+next mask and rolled back, so the grammar always stands at the streamed prefix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from vllm_dllm.engine.constraints import GrammarStep
+
+
+@dataclass
+class Frontier:
+    """What planning one constrained request's frontier needs."""
+
+    req_id: str
+    grammar: object  # vLLM's StructuredOutputGrammar
+    room: int  # canvas positions from its frontier to the end of the frontier's block
+    stop_ids: frozenset[int]
+
+
+def sole_token(row: np.ndarray, stop_ids: frozenset[int]) -> int | None:
+    """The token a packed bitmask row (int32 words) allows alone, or the lowest stop
+    token when it allows stop tokens only; None otherwise."""
+    words = np.flatnonzero(row)
+    if len(words) == 0 or len(words) > max(1, len(stop_ids)):
+        return None
+    allowed = [int(w) * 32 + bit for w in words for bit in range(32) if (int(row[w]) >> bit) & 1]
+    if len(allowed) == 1:
+        return allowed[0]
+    if stop_ids and all(token in stop_ids for token in allowed):
+        return min(allowed)
+    return None
+
+
+def plan_frontiers(frontiers: list[Frontier], bitmask: torch.Tensor) -> GrammarStep:
+    """Forced tokens and frontier masks of a step's constrained requests; row i of
+    `bitmask` (at least len(frontiers) rows) is filled for request i."""
+    step = GrammarStep()
+    for i, frontier in enumerate(frontiers):
+        grammar = frontier.grammar
+        if grammar.is_terminated():
+            continue
+        forced: list[int] = []
+        while True:
+            grammar.fill_bitmask(bitmask, i)
+            if len(forced) >= frontier.room:
+                break
+            token = sole_token(bitmask[i].numpy(), frontier.stop_ids)
+            if token is None or not grammar.accept_tokens(frontier.req_id, [token]):
+                break
+            forced.append(token)
+            if grammar.is_terminated():
+                break  # a stop token ends the request; the row's mask is never read
+        if forced:
+            grammar.rollback(len(forced))
+            step.forced[frontier.req_id] = forced
+        step.masked.append(frontier.req_id)
+    step.bitmask = bitmask[: len(frontiers)].numpy().copy()
+    if len(step.masked) < len(frontiers):  # terminated grammars take no row
+        rows = [i for i, f in enumerate(frontiers) if f.req_id in set(step.masked)]
+        step.bitmask = step.bitmask[rows]
+    return step
+
+
+def ends_request(valid: list[int], stop_ids: frozenset[int]) -> bool:
+    """The accepted prefix ends with a stop token: vLLM finishes the request there."""
+    return bool(valid) and valid[-1] in stop_ids
