@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import threading
 
 import httpx
@@ -243,6 +244,66 @@ def test_the_openai_sdk_reads_logprobs_sync_and_streaming(server):
     completion = sdk.completions.create(model=server.model, prompt="hello", max_tokens=16, temperature=0.0,
                                         logprobs=1, extra_body=xargs)
     assert len(completion.choices[0].logprobs.token_logprobs) == len(completion.choices[0].logprobs.tokens) > 0
+
+
+# --------------------------------------------------------------------------------------
+# 6b. structured outputs (issue 25; the mechanism: tests/test_structured_outputs.py)
+# --------------------------------------------------------------------------------------
+
+SCHEMA = {
+    "type": "object",
+    # A pattern, not only a length: xgrammar 0.2.8's JSON strings admit raw control
+    # characters, which a random checkpoint emits and strict JSON parsers refuse.
+    "properties": {"name": {"type": "string", "pattern": "^[a-z]{1,5}$"},
+                   "count": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "required": ["name", "count"],
+    "additionalProperties": False,
+}
+
+
+def matches_schema(text: str) -> bool:
+    value = json.loads(text)
+    return set(value) == {"name", "count"} and re.fullmatch("[a-z]{1,5}", value["name"]) and value["count"] in range(10)
+
+
+def test_the_openai_sdk_gets_json_for_a_json_schema_sync_and_streaming(server):
+    import openai
+
+    sdk = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", timeout=REQUEST_TIMEOUT_S)
+    response_format = {"type": "json_schema", "json_schema": {"name": "item", "schema": SCHEMA}}
+    xargs = {"vllm_xargs": {"steps": 32, "block_length": 8}}
+    for i, prompt in enumerate(["Name one item.", "Give me a thing.", "Count something."]):
+        messages = [{"role": "user", "content": prompt}]
+        full = sdk.chat.completions.create(model=server.model, messages=messages, max_tokens=32, temperature=0.0,
+                                           response_format=response_format, extra_body=xargs)
+        text = full.choices[0].message.content
+        assert matches_schema(text) and full.choices[0].finish_reason == "stop", text
+        stream = sdk.chat.completions.create(model=server.model, messages=messages, max_tokens=32, temperature=0.0,
+                                             response_format=response_format, stream=True, extra_body=xargs)
+        streamed = "".join(choice.delta.content or "" for chunk in stream for choice in chunk.choices)
+        assert streamed == text
+
+
+def test_structured_completions_stream_the_same_valid_text(server, client):
+    before = metrics(client)
+    bodies = [
+        dict(prompt="code:", max_tokens=16, temperature=0.0, structured_outputs={"regex": "ID-[0-9]{3}"},
+             vllm_xargs={"steps": 16, "block_length": 8}),
+        dict(prompt="pick:", max_tokens=16, temperature=0.8, seed=3, structured_outputs={"choice": ["red", "green"]},
+             vllm_xargs={"steps": 8, "block_length": 8, "decoding": "threshold", "threshold": 0.5, "cache": "dual"}),
+    ]
+    for body in bodies:
+        full = complete(client, server, **body)["choices"][0]
+        events = sse_events(client, server, "/v1/completions", body)
+        text, _, finish = streamed_text(events, chat_api=False)
+        assert text == full["text"] and finish == full["finish_reason"] == "stop"
+    assert re.fullmatch("ID-[0-9]{3}", complete(client, server, **bodies[0])["choices"][0]["text"])
+    assert complete(client, server, **bodies[1])["choices"][0]["text"] in ("red", "green")
+    after = wait_idle(client, server)
+    # "ID-" is forced (single-character tokens): committed without a denoising step.
+    forced = "vllm:diffusion_num_grammar_forced_tokens_total"
+    assert after[forced] - before.get(forced, 0.0) >= 3 * 3
+    assert "vllm:diffusion_num_grammar_returned_tokens_total" in after
 
 
 # --------------------------------------------------------------------------------------

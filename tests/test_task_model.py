@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -40,7 +41,8 @@ def runner():
     runner = task_eval.OfflineRunner(
         str(PATH),
         dict(max_model_len=512, max_num_seqs=32, kv_cache_memory_bytes=256 << 20,
-             gpu_memory_utilization=0.3, dtype="float32", enforce_eager=True, seed=0),
+             gpu_memory_utilization=0.3, dtype="float32", enforce_eager=True, seed=0,
+             structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True}),
     )
     yield runner
     runner.engine.engine_core.shutdown()
@@ -156,3 +158,27 @@ def test_eval_writes_results_only_when_asked():
     assert task_eval.build_parser().parse_args([]).out is None
     args = task_eval.build_parser().parse_args(["--max-tokens", "8,56", "--out", "r.json"])
     assert task_eval.parse_lengths(args.max_tokens) == [8, 56] and str(args.out) == "r.json"
+
+
+def test_constrained_answers_parse_and_stay_right(runner):
+    """Structured outputs on the trained model (issue 25): a regex in the answer's own
+    format keeps the answers right, and a JSON schema wrapping the answer (a format
+    the model never saw; its keys are forced) always parses."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    from vllm_dllm.tasks import score
+
+    task = TASKS["addition"]
+    items = task_eval.instances(task, N, 321)
+    prompts = [runner.prompt_ids(item.prompt) for item in items]
+    regex = SamplingParams(max_tokens=task.gen_length, temperature=0.0,
+                           structured_outputs=StructuredOutputsParams(regex="[0-9]{1,8}"))
+    texts = [out.text for out in runner.generate(prompts, regex)]
+    assert all(re.fullmatch("[0-9]{1,8}", text) for text in texts), texts
+    assert sum(score(item, text) for item, text in zip(items, texts)) >= EXACT_FLOORS["addition"]
+    schema = {"type": "object", "properties": {"answer": {"type": "string", "pattern": "^[0-9]{1,8}$"}},
+              "required": ["answer"], "additionalProperties": False}
+    wrapped = SamplingParams(max_tokens=32, temperature=0.0, structured_outputs=StructuredOutputsParams(json=schema))
+    for out in runner.generate(prompts, wrapped):
+        assert re.fullmatch("[0-9]{1,8}", json.loads(out.text)["answer"]), out.text
