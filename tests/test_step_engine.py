@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from vllm_dllm.attention.backends import TorchAttention, select_backend
 from vllm_dllm.attention.metadata import attention_metadata
 from vllm_dllm.decoding.base import SpecialIds
+from vllm_dllm.engine.constraints import GrammarStep
 from vllm_dllm.engine.engine import StepEngine
 from vllm_dllm.engine.op_count import OpCounter
 from vllm_dllm.engine.phases import PhaseParams, batch_phases
@@ -305,3 +306,47 @@ def test_multi_segment_steps_project_each_candidate_once():
     out = engine.step(ids)
     # The first canvas block holds 3 masks after a 13-token prompt.
     assert out.logits_rows == sum(projected) == 2 * 3
+
+
+# ---- structured outputs (engine/constraints.py) ----------------------------------
+
+
+def test_constrain_returns_forces_and_masks_the_frontier():
+    engine = make_engine()
+    options = llada(gen=32, steps=4, block=8, cache="none")  # one step per block: all 8 commit at once
+    (req,) = add_requests(engine, 1, options)
+    slot = engine.slots[req]
+    first = engine.step([req]).new_tokens[0]
+    assert len(first) == 8 and engine.host.block[slot] == 1
+    # Tokens from position 2 broke the grammar: back to the mask, block 0 restarts;
+    # the grammar forces two tokens there and allows only token 11 after them.
+    bitmask = np.zeros((1, 2), dtype=np.int32)
+    bitmask[0, 0] = 1 << 11
+    engine.constrain(GrammarStep(returned={req: 2}, forced={req: [7, 9]}, masked=[req], bitmask=bitmask))
+    canvas = engine.decode.canvas[slot, :32].tolist()
+    assert canvas[:2] == first[:2] and canvas[2:4] == [7, 9] and canvas[4:] == [IDS.mask] * 28
+    assert engine.host.block[slot] == 0 and engine.host.block_step[slot] == 0 and engine.emitted[req] == 2
+    out = engine.step([req]).new_tokens[0]
+    assert out[:3] == [7, 9, 11] and len(out) == 6  # positions 2..7: the restarted block ends
+    # The mask was for this step only.
+    assert engine._masks is None
+
+
+@pytest.mark.parametrize("options", [
+    llada(cache="dual"),
+    dataclasses.replace(llada(cache="dual", cfg=1.0), decoding="threshold", threshold=0.5),
+])
+def test_constrained_step_op_count_does_not_grow_with_requests(options):
+    counts = {}
+    for requests in (1, 4, 16):
+        engine = make_engine()
+        ids = add_requests(engine, requests, options)
+        engine.step(ids)
+        step = GrammarStep(returned={r: 0 for r in ids}, forced={r: [5] for r in ids}, masked=list(ids),
+                           bitmask=np.full((requests, 2), 0x0F0F0F0F, dtype=np.int32))
+        with OpCounter() as counter:
+            engine.constrain(step)
+            engine.step(ids)
+        counts[requests] = (counter.total, counter.syncs)
+    assert counts[1] == counts[4] == counts[16], counts
+    assert counts[1][1] == 1, counts
