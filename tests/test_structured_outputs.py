@@ -29,7 +29,7 @@ from tests.conftest import close_engine, make_engine, random_prompt
 from tests.oracle_grammar import constrained_llada
 from tests.tie_free import compare_until
 from vllm_dllm.decoding.grammar_mask import allowed_tokens, mask_rows
-from vllm_dllm.scheduler.grammar import Frontier, plan_frontiers, sole_token
+from vllm_dllm.scheduler.grammar import Frontier, plan_frontiers, sole_token, stop_allowed_after
 
 xgr = pytest.importorskip("xgrammar")
 
@@ -135,6 +135,17 @@ def test_plan_frontiers_forces_what_the_grammar_allows_alone_and_rolls_back(gram
     again, _ = kit["wrapped"]("regex", "ID-[0-9]")
     step = plan_frontiers([Frontier("lit", again, 1, frozenset())], bitmask)
     assert len(step.forced["lit"]) == 1
+
+
+def test_stop_allowed_after_reads_the_mask_behind_the_prefix_and_leaves_the_grammar(grammar_kit):
+    kit = grammar_kit
+    a, b = (kit["tok"].convert_tokens_to_ids(c) for c in "ab")
+    grammar, _ = kit["wrapped"]("regex", "ab")
+    bitmask = xgr.allocate_token_bitmask(1, kit["vocab"])
+    assert stop_allowed_after(grammar, "r", [a, b], kit["eos"], bitmask)
+    assert not stop_allowed_after(grammar, "r", [a], kit["eos"], bitmask)
+    assert not stop_allowed_after(grammar, "r", [], kit["eos"], bitmask)
+    assert grammar.validate_tokens([a, b]) == [a, b]  # still at the start
 
 
 # ---- LLaDA against the constrained loop written from the definition ------------
@@ -272,3 +283,28 @@ def test_a_canvas_too_short_ends_with_length_and_the_valid_prefix(llada):
     assert out.finish_reason == "length" and len(out.token_ids) == 8
     assert out.text.startswith('{"') and not parses("json", SCHEMA, out.text)
 
+
+
+@pytest.mark.parametrize("backend, grammars", [
+    # Guidance's matcher stops as soon as its grammar cannot continue and then
+    # validates nothing, not even the end of text its mask asks for.
+    ("guidance", [("regex", REGEX), ("choice", CHOICES), ("json", SCHEMA)]),
+    ("outlines", [("regex", REGEX), ("choice", CHOICES)]),  # no whitespace-free JSON there
+])
+def test_other_grammar_backends_are_enforced(tiny_dirs, backend, grammars):
+    config = {"backend": backend, **({"disable_any_whitespace": True} if backend == "guidance" else {})}
+    llm = make_engine(tiny_dirs("llada"), structured_outputs_config=config)
+    try:
+        rng = random.Random(6)
+        requests = [(kind, spec, mode) for kind, spec in grammars for mode in LLADA_MODES[:2]]
+        outs = llm.generate(
+            [{"prompt_token_ids": random_prompt(rng, 6, 97, 123)} for _ in requests],
+            [request_params(kind, spec, max_tokens=32, temperature=0.0, extra_args=dict(mode))
+             for kind, spec, mode in requests],
+            use_tqdm=False,
+        )
+        for (kind, spec, _), out in zip(requests, outs):
+            assert parses(kind, spec, out.outputs[0].text) and out.outputs[0].finish_reason == "stop", (
+                backend, kind, out.outputs[0].text)
+    finally:
+        close_engine(llm)

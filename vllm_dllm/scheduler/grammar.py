@@ -85,6 +85,19 @@ def plan_frontiers(frontiers: list[Frontier], bitmask: torch.Tensor) -> GrammarS
     return step
 
 
+def stop_allowed_after(grammar, req_id: str, valid: list[int], token: int, bitmask: torch.Tensor) -> bool:
+    """Whether the grammar's mask allows stop token `token` after the accepted
+    prefix `valid` (the grammar is left where it stood).  Backends differ on stop
+    tokens: guidance's matcher stops as soon as its grammar cannot continue, then
+    validates nothing, not even the end of text its own mask asks for."""
+    if valid and not grammar.accept_tokens(req_id, valid):
+        return False
+    grammar.fill_bitmask(bitmask, 0)
+    if valid:
+        grammar.rollback(len(valid))
+    return bool((int(bitmask[0, token // 32]) >> (token % 32)) & 1)
+
+
 def ends_request(valid: list[int], stop_ids: frozenset[int]) -> bool:
     """The accepted prefix ends with a stop token: vLLM finishes the request there."""
     return bool(valid) and valid[-1] in stop_ids

@@ -35,7 +35,7 @@ from vllm_dllm.phases import (
     max_block_causal_queries,
 )
 from vllm_dllm.scheduler.accounting import ComputedTokensAccounting
-from vllm_dllm.scheduler.grammar import Frontier, ends_request, plan_frontiers
+from vllm_dllm.scheduler.grammar import Frontier, ends_request, plan_frontiers, stop_allowed_after
 from vllm_dllm.scheduler.plan import Candidate, Holder, choose_preemptions, plan_step
 from vllm_dllm.scheduler.prefix_cache import leading_blocks, usable_prefix
 from vllm_dllm.server_config import prefill_chunk, server_defaults
@@ -450,9 +450,14 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             valid = self.structured_output_manager.validate_tokens(request, list(new))
             if len(valid) == len(new):
                 continue
-            model_runner_output.sampled_token_ids[index] = valid
             params = request.sampling_params
-            if ends_request(valid, frozenset(params.all_stop_token_ids)) and not params.ignore_eos:
+            stop_ids = frozenset(params.all_stop_token_ids)
+            rejected = new[len(valid)]
+            if rejected in stop_ids and not ends_request(valid, stop_ids) and stop_allowed_after(request.structured_output_request.grammar, req_id, valid,
+                                                           rejected, self._bitmask_rows(1)):
+                valid = [*valid, rejected]
+            model_runner_output.sampled_token_ids[index] = valid
+            if ends_request(valid, stop_ids) and not params.ignore_eos:
                 continue
             self._returned[req_id] = request.num_output_tokens + len(valid)
             cut += len(new) - len(valid)
