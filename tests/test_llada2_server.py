@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import httpx
 import pytest
@@ -125,9 +126,11 @@ def test_prompt_logprobs_are_a_400_for_now(server, client):
     assert resp.status_code == 400 and "prompt_logprobs are not supported for block-causal models" in resp.text
 
 
-def test_structured_outputs_are_a_400_for_now(server, client):
-    # Enforced for LLaDA and Dream (tests/test_structured_outputs.py); LLaDA2's final
-    # tokens arrive a block at a time and its edits rewrite committed ones: not yet.
-    for body in ({"structured_outputs": {"regex": "[a-z]+"}}, {"response_format": {"type": "json_object"}}):
-        resp = client.post("/v1/completions", json={"model": server.model, "prompt": [5, 6, 7], "max_tokens": 8, **body})
-        assert resp.status_code == 400 and "structured outputs are not supported for block-causal models" in resp.text
+
+def test_structured_outputs_are_enforced(server, client):
+    # The mechanism and every mode: tests/test_structured_outputs.py.
+    for body, valid in (({"structured_outputs": {"regex": "[a-c]{2}-[0-9]{2}"}}, lambda t: re.fullmatch("[a-c]{2}-[0-9]{2}", t)),
+                        ({"structured_outputs": {"choice": ["up", "down"]}, "vllm_xargs": {"mode": "quality"}},
+                         lambda t: t in ("up", "down"))):
+        text = complete(client, server, prompt="pick", max_tokens=16, temperature=0.0, **body)["choices"][0]["text"]
+        assert valid(text), text

@@ -29,6 +29,7 @@ from tests.conftest import close_engine, make_engine, random_prompt
 from tests.oracle_grammar import constrained_llada
 from tests.tie_free import compare_until
 from vllm_dllm.decoding.grammar_mask import allowed_tokens, mask_rows
+from vllm_dllm.engine.constraints import block_of
 from vllm_dllm.scheduler.grammar import Frontier, plan_frontiers, sole_token, stop_allowed_after
 
 xgr = pytest.importorskip("xgrammar")
@@ -146,6 +147,14 @@ def test_stop_allowed_after_reads_the_mask_behind_the_prefix_and_leaves_the_gram
     assert not stop_allowed_after(grammar, "r", [a], kit["eos"], bitmask)
     assert not stop_allowed_after(grammar, "r", [], kit["eos"], bitmask)
     assert grammar.validate_tokens([a, b]) == [a, b]  # still at the start
+
+
+def test_block_of_aligns_block_causal_blocks_to_the_sequence():
+    positions = np.array([0, 4, 5, 12, 13, 7, 8])
+    prompt_len = np.array([11, 11, 11, 11, 11, 3, 3])  # blocks of 8: the canvas starts 3 into block 1
+    segment = np.array([8, 8, 8, 8, 8, 0, 0])  # the last two: LLaDA's canvas blocks of 8
+    block_length = np.array([8, 8, 8, 8, 8, 8, 8])
+    assert block_of(positions, prompt_len, block_length, segment).tolist() == [0, 0, 1, 1, 2, 0, 1]
 
 
 # ---- LLaDA against the constrained loop written from the definition ------------
@@ -283,6 +292,28 @@ def test_a_canvas_too_short_ends_with_length_and_the_valid_prefix(llada):
     assert out.finish_reason == "length" and len(out.token_ids) == 8
     assert out.text.startswith('{"') and not parses("json", SCHEMA, out.text)
 
+
+
+@pytest.fixture(scope="module")
+def llada2(tiny_dirs):
+    llm = make_engine(tiny_dirs("llada2"), **ENGINE_STRUCTURED)
+    yield llm
+    close_engine(llm)
+
+
+LLADA2_MODES = [
+    {"block_length": 8, "steps": 8},  # LLaDA2.0's threshold rule
+    {"block_length": 8, "mode": "quality"},  # LLaDA2.1: token editing, nothing forced
+    {"block_length": 8, "mode": "speed"},
+    {"block_length": 8, "steps": 4, "decoding": "threshold", "threshold": 0.5},
+]
+
+
+def test_llada2_outputs_parse_in_every_mode(llada2):
+    """Block-causal blocks aligned to the whole sequence (a prompt's partial last
+    block shortens the first canvas block), and token editing, which may rewrite
+    committed tokens until their block ends."""
+    check_all_parse_beside_unconstrained(llada2, LLADA2_MODES, [0.0, 0.7], random.Random(8))
 
 
 @pytest.mark.parametrize("backend, grammars", [

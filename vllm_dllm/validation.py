@@ -64,9 +64,6 @@ class DiffusionParamsValidator(LogitsProcessor):
         if sampling_params.prompt_logprobs is not None and getattr(options, "block_causal", False):
             raise VLLMValidationError("prompt_logprobs are not supported for block-causal models (LLaDA2) yet",
                                       parameter="prompt_logprobs")
-        if sampling_params.structured_outputs is not None and getattr(options, "block_causal", False):
-            raise VLLMValidationError("structured outputs are not supported for block-causal models (LLaDA2) yet",
-                                      parameter="structured_outputs")
         problem = defaults.deployment_problem(options)
         if problem:
             raise VLLMValidationError(problem, parameter="cache")

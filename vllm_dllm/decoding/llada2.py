@@ -226,6 +226,9 @@ class LLaDA2Rule(BatchedRule):
         exhausted = ~masks_left & (self.post_steps[slots] + 1 > self.max_post_steps[slots])
         return torch.where(self.editing[slots], quiet | exhausted, plain)
 
+    def restart_block(self, slots: torch.Tensor) -> None:
+        self.post_steps[slots] = 0
+
     def edits(self, slots: torch.Tensor) -> torch.Tensor:
         return self.edited[slots]
 

@@ -55,6 +55,16 @@ class FrontierMasks:
         return torch.where(positions == self.frontier[slots], row, -1)
 
 
+def block_of(positions: np.ndarray, prompt_len: np.ndarray, block_length: np.ndarray, segment: np.ndarray) -> np.ndarray:
+    """The canvas block holding each canvas position.  A block-causal request's
+    blocks (segment: its block length) are aligned to the whole sequence, so its first
+    canvas block is cut short by the prompt's partial last block; other requests'
+    blocks start at the canvas."""
+    causal = segment > 0
+    lead = np.where(causal, prompt_len % np.maximum(segment, 1), 0)
+    return (positions + lead) // np.where(causal, segment, block_length)
+
+
 def return_to_mask(canvas: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, mask_id: int, pad: int) -> None:
     """Every committed position p >= starts[i] of canvas row slots[i] back to the
     mask (padding past the generation length stays)."""

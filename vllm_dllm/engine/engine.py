@@ -25,7 +25,7 @@ from vllm_dllm.attention.metadata import attention_metadata
 from vllm_dllm.decoding.base import PAD, DecodeState, SpecialIds, make_rule
 from vllm_dllm.decoding.logits import chunked_reduce
 from vllm_dllm.decoding.logprobs import LogprobsCollector
-from vllm_dllm.engine.constraints import FrontierMasks, GrammarStep, frontier_masks, return_to_mask
+from vllm_dllm.engine.constraints import FrontierMasks, GrammarStep, block_of, frontier_masks, return_to_mask
 from vllm_dllm.engine.graphs import ReuseGraphs
 from vllm_dllm.engine.logprob_store import LogprobStore
 from vllm_dllm.engine.prompt_scoring import PromptLogprobs, PromptScorer
@@ -334,9 +334,11 @@ class StepEngine:
             starts = np.array(list(returned.values()), dtype=np.int64)
             slots = to_device(slots_host, self.device)
             return_to_mask(self.decode.canvas, slots, to_device(starts, self.device), self.ids.mask, PAD)
-            blocks = starts // self.host.block_length[slots_host]
+            blocks = block_of(starts, self.host.prompt_len[slots_host], self.host.block_length[slots_host],
+                              self.host.segment[slots_host])
             self.host.block[slots_host], self.host.block_step[slots_host] = blocks, 0
             self.decode.block[slots], self.decode.block_step[slots] = to_device(blocks, self.device), 0
+            self.rule.restart_block(slots)
             self.emitted.update(returned)
         forced = {r: t for r, t in step.forced.items() if r in self.slots and t}
         if forced:

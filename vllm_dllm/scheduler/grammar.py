@@ -41,6 +41,20 @@ class Frontier:
     stop_ids: frozenset[int]
 
 
+def canvas_blocks(options) -> tuple[int, int]:
+    """(offset, length) of a request's canvas blocks: block k starts at canvas
+    position offset + k * length.  A block-causal request's blocks are aligned to
+    the whole sequence (offset: minus the prompt's partial last block)."""
+    if getattr(options, "block_causal", False):
+        return -options.lead, options.block_length
+    return 0, options.gen_length // options.num_blocks
+
+
+def canvas_block(options, position: int) -> int:
+    offset, length = canvas_blocks(options)
+    return (position - offset) // length
+
+
 def sole_token(row: np.ndarray, stop_ids: frozenset[int]) -> int | None:
     """The token a packed bitmask row (int32 words) allows alone, or the lowest stop
     token when it allows stop tokens only; None otherwise."""

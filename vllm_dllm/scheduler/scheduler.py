@@ -35,7 +35,7 @@ from vllm_dllm.phases import (
     max_block_causal_queries,
 )
 from vllm_dllm.scheduler.accounting import ComputedTokensAccounting
-from vllm_dllm.scheduler.grammar import Frontier, ends_request, plan_frontiers, stop_allowed_after
+from vllm_dllm.scheduler.grammar import Frontier, canvas_block, canvas_blocks, ends_request, plan_frontiers, stop_allowed_after
 from vllm_dllm.scheduler.plan import Candidate, Holder, choose_preemptions, plan_step
 from vllm_dllm.scheduler.prefix_cache import leading_blocks, usable_prefix
 from vllm_dllm.server_config import prefill_chunk, server_defaults
@@ -204,8 +204,6 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
                 f"({options.gen_length}{padded}) exceeds max_model_len {self.max_model_len}"
             )
         causal = is_block_causal(options)
-        if causal and params.structured_outputs is not None:
-            return "structured outputs are not supported for block-causal models (LLaDA2) yet"
         chunk = self.prefill_chunk if causal else 0
         most_queries = max_block_causal_queries(options.block_length, seq_len, chunk) if causal else seq_len
         tokens = most_queries * sequence_copies(options)
@@ -418,10 +416,13 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
                 continue
             options = self._costs[request.request_id].options
             start = request.num_output_tokens
-            block = options.gen_length // options.num_blocks
-            end = min((start // block + 1) * block, options.output_length)
-            frontiers.append(Frontier(request.request_id, request.structured_output_request.grammar,
-                                      max(end - start, 0), frozenset(request.sampling_params.all_stop_token_ids)))
+            first, length = canvas_blocks(options)
+            end = min(first + (canvas_block(options, start) + 1) * length, options.output_length)
+            # Token editing may rewrite a forced token (only the frontier is masked),
+            # so a request that edits forces nothing.
+            room = 0 if getattr(options, "editing_threshold", None) is not None else max(end - start, 0)
+            frontiers.append(Frontier(request.request_id, request.structured_output_request.grammar, room,
+                                      frozenset(request.sampling_params.all_stop_token_ids)))
         if not frontiers and not self._returned:
             return None
         step = plan_frontiers(frontiers, self._bitmask_rows(len(frontiers))) if frontiers else GrammarStep()
@@ -469,8 +470,7 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
         for req_id, start in self._returned.items():
             track = self._costs.get(req_id)
             if track is not None:
-                track.block = start // (track.options.gen_length // track.options.num_blocks)
-                track.block_step = 0
+                track.block, track.block_step = canvas_block(track.options, start), 0
 
     def update_from_output(self, scheduler_output, model_runner_output):
         returned = self._validate_streamed(model_runner_output) if self._costs else 0
