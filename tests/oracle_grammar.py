@@ -6,9 +6,11 @@ one request, with an xgrammar matcher standing at the accepted prefix:
 
 1. Before a step, tokens rejected after the last step (from position p on) go back to
    the mask and the block holding p restarts its schedule (step 0 of that block).
-2. While the matcher allows a single token at the frontier (the first position after
-   the accepted prefix), or only stop tokens (then the lowest), it is written there
-   and accepted, up to the end of the frontier's block.
+2. While the matcher forces a string at the frontier (the first position after the
+   accepted prefix), its tokens (the tokenizer's, of the string alone; those the
+   matcher accepts) are written there; else while it allows a single token, or
+   only stop tokens (then the lowest), that one; up to the end of the frontier's
+   block.
 3. One forward; the frontier's logits keep only what the matcher allows; every
    masked position of the active block is ranked by its confidence and the block's
    quota of them committed (ties towards the lower position).
@@ -33,8 +35,8 @@ def allowed_ids(matcher, xgr, vocab: int) -> list[int]:
 
 
 @torch.no_grad()
-def constrained_llada(model, matcher, xgr, prompt: list[int], *, gen_length: int, steps: int, block_length: int,
-                      mask_id: int, stop_ids: set[int], vocab: int):
+def constrained_llada(model, matcher, xgr, tokenizer, prompt: list[int], *, gen_length: int, steps: int,
+                      block_length: int, mask_id: int, stop_ids: set[int], vocab: int):
     """(streamed tokens, ties, forced count, returned count); streaming stops at an
     accepted stop token (included) or when the canvas is all streamed."""
     num_blocks = gen_length // block_length
@@ -54,18 +56,29 @@ def constrained_llada(model, matcher, xgr, prompt: list[int], *, gen_length: int
         frontier = len(streamed)
         room = min((frontier // block_length + 1) * block_length, gen_length) - frontier
         while room > 0:
-            allowed = allowed_ids(matcher, xgr, vocab)
-            if len(allowed) == 1 or (allowed and all(a in stop_ids for a in allowed)):
-                token = min(allowed)
-            else:
-                break
-            x[0, p + frontier] = token
-            assert matcher.accept_token(token)
-            streamed.append(token)
-            forced_count += 1
-            frontier, room = frontier + 1, room - 1
-            if token in stop_ids:
-                return streamed, ties, forced_count, returned_count
+            jump = matcher.find_jump_forward_string()
+            tokens = tokenizer.encode(jump, add_special_tokens=False)[:room] if jump else []
+            accepted = 0
+            for token in tokens:
+                if not matcher.accept_token(token):
+                    break
+                accepted += 1
+            matcher.rollback(accepted)
+            tokens = tokens[:accepted]
+            if not tokens:
+                allowed = allowed_ids(matcher, xgr, vocab)
+                if len(allowed) == 1 or (allowed and all(a in stop_ids for a in allowed)):
+                    tokens = [min(allowed)]
+                else:
+                    break
+            for token in tokens:
+                x[0, p + frontier] = token
+                assert matcher.accept_token(token)
+                streamed.append(token)
+                forced_count += 1
+                frontier, room = frontier + 1, room - 1
+                if token in stop_ids:
+                    return streamed, ties, forced_count, returned_count
         if block < num_blocks:
             logits = model.forward(x)[0, p:].double()
             lo, hi = block * block_length, (block + 1) * block_length

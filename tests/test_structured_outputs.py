@@ -30,7 +30,7 @@ from tests.oracle_grammar import constrained_llada
 from tests.tie_free import compare_until
 from vllm_dllm.decoding.grammar_mask import allowed_tokens, mask_rows
 from vllm_dllm.engine.constraints import block_of
-from vllm_dllm.scheduler.grammar import Frontier, plan_frontiers, sole_token, stop_allowed_after
+from vllm_dllm.scheduler.grammar import Frontier, jump_tokens, plan_frontiers, sole_token, stop_allowed_after
 
 xgr = pytest.importorskip("xgrammar")
 
@@ -138,6 +138,19 @@ def test_plan_frontiers_forces_what_the_grammar_allows_alone_and_rolls_back(gram
     assert len(step.forced["lit"]) == 1
 
 
+def test_plan_frontiers_commits_the_string_xgrammar_forces(grammar_kit):
+    kit = grammar_kit
+    tok = kit["tok"]
+    grammar, _ = kit["wrapped"]("json", SCHEMA)
+    bitmask = xgr.allocate_token_bitmask(1, kit["vocab"])
+    jump = jump_tokens(grammar, tok)
+    step = plan_frontiers([Frontier("j", grammar, 16, frozenset({kit["eos"]}), jump)], bitmask)
+    # The keys come in the schema's order: the object's opening and first key are forced.
+    assert tok.decode(step.forced["j"]) == '{"ok":', tok.decode(step.forced["j"])
+    assert grammar.validate_tokens(step.forced["j"]) == step.forced["j"]  # rolled back
+    assert jump_tokens(object(), tok) is None  # a backend without jump strings
+
+
 def test_stop_allowed_after_reads_the_mask_behind_the_prefix_and_leaves_the_grammar(grammar_kit):
     kit = grammar_kit
     a, b = (kit["tok"].convert_tokens_to_ids(c) for c in "ab")
@@ -198,7 +211,7 @@ def test_llada_matches_the_constrained_loop(llada, grammar_kit):
         for case, prompt, out in zip(EXACT_CASES, prompts, outs):
             name, kind, spec, _, gen, steps, block = case
             want, ties, forced, returned = constrained_llada(
-                model, kit["matcher"](kind, spec), xgr, prompt, gen_length=gen, steps=steps, block_length=block,
+                model, kit["matcher"](kind, spec), xgr, kit["tok"], prompt, gen_length=gen, steps=steps, block_length=block,
                 mask_id=kit["mask"], stop_ids={kit["eos"]}, vocab=kit["vocab"])
             if ties:
                 continue

@@ -11,8 +11,9 @@ under the grammar's mask (engine/constraints.py).  So:
   and from the first token it rejects on every committed token goes back to the
   mask (`GrammarStep.returned`);
 * before a step, each scheduled constrained request's mask for its frontier is
-  filled, and a token its grammar allows alone there is forced: committed without a
-  step, and the mask filled again behind it (`plan_frontiers`, jump-forward).  A
+  filled, and what its grammar forces there is committed without a step, the mask
+  filled again behind it (`plan_frontiers`, jump-forward): the string the backend
+  finds forced (xgrammar), tokenized, or else a token the mask allows alone.  A
   mask that allows only stop tokens forces one: the rest of the canvas is end of
   text.
 
@@ -23,6 +24,7 @@ next mask and rolled back, so the grammar always stands at the streamed prefix.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +41,24 @@ class Frontier:
     grammar: object  # vLLM's StructuredOutputGrammar
     room: int  # canvas positions from its frontier to the end of the frontier's block
     stop_ids: frozenset[int]
+    jump: Callable[[], list[int]] | None = None  # the string the grammar forces, as tokens
+
+
+def jump_tokens(grammar, tokenizer) -> Callable[[], list[int]] | None:
+    """The tokens of the string a grammar forces from where it stands, where the
+    backend finds one (xgrammar's matcher: `find_jump_forward_string`); None for
+    backends without.  The string is tokenized on its own, so its tokens may not be
+    the ones the model would pick in context; the planner keeps only what the
+    grammar accepts."""
+    find = getattr(getattr(grammar, "matcher", None), "find_jump_forward_string", None)
+    if find is None:
+        return None
+
+    def jump() -> list[int]:
+        text = find()
+        return list(tokenizer.encode(text, add_special_tokens=False)) if text else []
+
+    return jump
 
 
 def canvas_blocks(options) -> tuple[int, int]:
@@ -80,12 +100,16 @@ def plan_frontiers(frontiers: list[Frontier], bitmask: torch.Tensor) -> GrammarS
         forced: list[int] = []
         while True:
             grammar.fill_bitmask(bitmask, i)
-            if len(forced) >= frontier.room:
+            room = frontier.room - len(forced)
+            if room <= 0:
                 break
-            token = sole_token(bitmask[i].numpy(), frontier.stop_ids)
-            if token is None or not grammar.accept_tokens(frontier.req_id, [token]):
+            tokens = grammar.validate_tokens(frontier.jump())[:room] if frontier.jump is not None else []
+            if not tokens:
+                token = sole_token(bitmask[i].numpy(), frontier.stop_ids)
+                tokens = [] if token is None else [token]
+            if not tokens or not grammar.accept_tokens(frontier.req_id, tokens):
                 break
-            forced.append(token)
+            forced.extend(tokens)
             if grammar.is_terminated():
                 break  # a stop token ends the request; the row's mask is never read
         if forced:

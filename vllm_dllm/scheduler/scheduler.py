@@ -35,7 +35,15 @@ from vllm_dllm.phases import (
     max_block_causal_queries,
 )
 from vllm_dllm.scheduler.accounting import ComputedTokensAccounting
-from vllm_dllm.scheduler.grammar import Frontier, canvas_block, canvas_blocks, ends_request, plan_frontiers, stop_allowed_after
+from vllm_dllm.scheduler.grammar import (
+    Frontier,
+    canvas_block,
+    canvas_blocks,
+    ends_request,
+    jump_tokens,
+    plan_frontiers,
+    stop_allowed_after,
+)
 from vllm_dllm.scheduler.plan import Candidate, Holder, choose_preemptions, plan_step
 from vllm_dllm.scheduler.prefix_cache import leading_blocks, usable_prefix
 from vllm_dllm.server_config import prefill_chunk, server_defaults
@@ -421,8 +429,10 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             # Token editing may rewrite a forced token (only the frontier is masked),
             # so a request that edits forces nothing.
             room = 0 if getattr(options, "editing_threshold", None) is not None else max(end - start, 0)
-            frontiers.append(Frontier(request.request_id, request.structured_output_request.grammar, room,
-                                      frozenset(request.sampling_params.all_stop_token_ids)))
+            grammar = request.structured_output_request.grammar
+            frontiers.append(Frontier(request.request_id, grammar, room,
+                                      frozenset(request.sampling_params.all_stop_token_ids),
+                                      jump_tokens(grammar, self.structured_output_manager.tokenizer)))
         if not frontiers and not self._returned:
             return None
         step = plan_frontiers(frontiers, self._bitmask_rows(len(frontiers))) if frontiers else GrammarStep()
