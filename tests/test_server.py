@@ -298,6 +298,10 @@ def test_structured_completions_stream_the_same_valid_text(server, client):
         text, _, finish = streamed_text(events, chat_api=False)
         assert text == full["text"] and finish == full["finish_reason"] == "stop"
     assert re.fullmatch("ID-[0-9]{3}", complete(client, server, **bodies[0])["choices"][0]["text"])
+    # Forced tokens have logprob 0 and the rest of their top entries -inf: the
+    # response is still JSON.
+    choice = complete(client, server, **bodies[0], logprobs=2)["choices"][0]
+    assert choice["logprobs"]["token_logprobs"][:3] == [0.0, 0.0, 0.0], choice["logprobs"]
     assert complete(client, server, **bodies[1])["choices"][0]["text"] in ("red", "green")
     after = wait_idle(client, server)
     # "ID-" is forced (single-character tokens): committed without a denoising step.

@@ -352,3 +352,24 @@ def test_other_grammar_backends_are_enforced(tiny_dirs, backend, grammars):
                 backend, kind, out.outputs[0].text)
     finally:
         close_engine(llm)
+
+
+def test_logprobs_of_forced_tokens_are_certain(llada, grammar_kit):
+    """A forced token is the only one its constrained distribution allows: logprob 0,
+    rank 1; the tokens the model chose keep their own logprobs."""
+    tok = grammar_kit["tok"]
+    out = llada.generate(
+        [{"prompt_token_ids": [100, 101, 102, 103]}],
+        request_params("regex", "ID-[0-9]{3}", max_tokens=16, temperature=0.0, logprobs=2,
+                       extra_args={"steps": 16, "block_length": 8}),
+        use_tqdm=False,
+    )[0].outputs[0]
+    assert re.fullmatch("ID-[0-9]{3}", out.text)
+    tokens = list(out.token_ids)
+    assert len(out.logprobs) == len(tokens)
+    forced = len(tok.encode("ID-", add_special_tokens=False))
+    for token, entry in zip(tokens[:forced], out.logprobs[:forced]):
+        assert entry[token].logprob == 0.0 and entry[token].rank == 1
+        assert len(entry) == 2 and sorted(e.logprob for e in entry.values()) == [float("-inf"), 0.0]
+    digits = [(t, e) for t, e in zip(tokens[forced:], out.logprobs[forced:]) if tok.decode([t]).isdigit()]
+    assert digits and all(e[t].logprob <= 0.0 and e[t].rank >= 1 for t, e in digits)

@@ -88,15 +88,21 @@ class LogprobStore:
 
     def record_forced(self, slots_host: np.ndarray, positions: np.ndarray, tokens: np.ndarray) -> None:
         """Rows of tokens a grammar forced (jump-forward): the only token its
-        constrained distribution allows, so log-probability 0, rank 1, and itself
-        as every top entry."""
+        constrained distribution allows, so log-probability 0 and rank 1, first of
+        the top entries; every other token has probability 0 (the lowest ids stand
+        for them, at -inf, as a masked row's top entries are)."""
         store_rows = self.row_of[slots_host]
         asking = store_rows > 0
         if not asking.any():
             return
         index = torch.as_tensor(np.stack([store_rows[asking], positions[asking]]), device=self.device)
-        self.ids[index[0], index[1]] = torch.as_tensor(tokens[asking], device=self.device)[:, None]
-        self.values[index[0], index[1]] = 0.0
+        token = torch.as_tensor(tokens[asking], device=self.device)[:, None]
+        others = torch.arange(self.width - 2, device=self.device).expand(len(token), -1)
+        others = others + (others >= token).long()
+        self.ids[index[0], index[1]] = torch.cat([token, token, others], dim=1)
+        values = torch.full((len(token), self.width), float("-inf"), device=self.device)
+        values[:, :2] = 0.0
+        self.values[index[0], index[1]] = values
         self.rank[index[0], index[1]] = 1
 
     def take(self, slots_host: np.ndarray, starts: np.ndarray, ends: np.ndarray):
