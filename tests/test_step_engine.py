@@ -350,3 +350,28 @@ def test_constrained_step_op_count_does_not_grow_with_requests(options):
         counts[requests] = (counter.total, counter.syncs)
     assert counts[1] == counts[4] == counts[16], counts
     assert counts[1][1] == 1, counts
+
+
+def test_returned_tokens_under_token_editing_stream_once():
+    """LLaDA2.1 streams a block when it ends; a return inside it restarts the block
+    with its streamed part fixed: editing leaves that part alone and only the
+    positions from the return on stream again."""
+    engine = make_engine(kind="llada2")
+    options = llada2(editing=0.5)
+    (req,) = add_requests(engine, 1, options, prompt_len=13)  # blocks of 8: canvas blocks [0, 3), [3, 11), ...
+    slot = engine.slots[req]
+    streamed = []
+    while len(streamed) < 11:  # the first two canvas blocks end
+        streamed += engine.step([req]).new_tokens[0]
+    assert len(streamed) == 11 and engine.host.block[slot] == 2
+    engine.constrain(GrammarStep(returned={req: 6}))
+    assert engine.host.block[slot] == 1 and engine.host.block_step[slot] == 0 and engine.emitted[req] == 6
+    again = []
+    for _ in range(40):
+        before = engine.decode.canvas[slot, :6].tolist()
+        again += engine.step([req]).new_tokens[0]
+        assert engine.decode.canvas[slot, :6].tolist() == before == streamed[:6]
+        assert engine.emitted[req] >= 6
+        if engine.host.block[slot] == 2:
+            break
+    assert again == engine.decode.canvas[slot, 6:11].tolist()

@@ -216,11 +216,12 @@ class BatchedRule(ABC):
         state.block[slots] += done.long()
         state.block_step[slots] = torch.where(done, 0, state.block_step[slots] + 1)
 
-    def restart_block(self, slots: torch.Tensor) -> None:
+    def restart_block(self, slots: torch.Tensor, streamed: torch.Tensor) -> None:
         """The requests' active blocks restart from their first step (structured
-        outputs returned committed tokens to the mask): per-block state of the rule
-        starts over.  State kept per block start (e.g. a quota counted at step 0) is
-        recounted by the rule itself."""
+        outputs returned committed tokens to the mask from canvas position
+        `streamed` on; everything before it has streamed): per-block state of the
+        rule starts over.  State kept per block start (e.g. a quota counted at step
+        0) is recounted by the rule itself."""
 
     def edits(self, slots: torch.Tensor) -> torch.Tensor:
         """Committed tokens each request's last step rewrote (token editing)."""

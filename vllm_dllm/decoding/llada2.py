@@ -97,6 +97,7 @@ class LLaDA2Rule(BatchedRule):
         self.post_steps = zeros(torch.long)
         self.edited = zeros(torch.long)  # positions the last step rewrote
         self.started_masked = zeros(torch.bool)  # the step being run began with masks in its block
+        self.streamed = zeros(torch.long)  # canvas positions before it have streamed (structured outputs)
         self.top_k = zeros(torch.long)
         self.top_p = torch.ones(cap, dtype=torch.float32, device=device)
         self.filtered = False
@@ -114,6 +115,7 @@ class LLaDA2Rule(BatchedRule):
         self.max_post_steps[slot] = options.max_post_steps
         self.num_to_transfer[slot] = options.num_to_transfer
         self.post_steps[slot] = 0
+        self.streamed[slot] = 0
         self.top_k[slot] = options.top_k or 0
         self.top_p[slot] = options.top_p or 1.0
         self.parallel.admit(slot, options)
@@ -136,8 +138,10 @@ class LLaDA2Rule(BatchedRule):
         in_block = (columns >= start[:, None]) & (columns < end[:, None]) & (columns < self.state.gen_length[slots, None])
         masked = self.state.masked(slots, width) & in_block
         editing = self.editing[slots]
-        # Editing reads every generated position of the block; 2.0 only its masks.
-        candidates = torch.where(editing[:, None], in_block, masked)
+        # Editing reads every generated position of the block not yet streamed; 2.0
+        # only its masks.
+        editable = in_block & (columns >= self.streamed[slots, None])
+        candidates = torch.where(editing[:, None], editable, masked)
         has_masks = masked.any(dim=1)
         self.started_masked[slots] = has_masks
         self.post_steps[slots] += (~has_masks & editing).long()
@@ -226,8 +230,11 @@ class LLaDA2Rule(BatchedRule):
         exhausted = ~masks_left & (self.post_steps[slots] + 1 > self.max_post_steps[slots])
         return torch.where(self.editing[slots], quiet | exhausted, plain)
 
-    def restart_block(self, slots: torch.Tensor) -> None:
+    def restart_block(self, slots: torch.Tensor, streamed: torch.Tensor) -> None:
+        # A restarted block may begin with streamed tokens: editing leaves them be,
+        # and they stay final.
         self.post_steps[slots] = 0
+        self.streamed[slots] = streamed
 
     def edits(self, slots: torch.Tensor) -> torch.Tensor:
         return self.edited[slots]
@@ -238,4 +245,5 @@ class LLaDA2Rule(BatchedRule):
         final = self.state.num_final(slots, width)
         start, _ = self.block_range(slots)
         running = self.state.block[slots] < self.state.num_blocks[slots]
-        return torch.where(self.editing[slots] & running, torch.minimum(final, start), final)
+        settled = torch.maximum(torch.minimum(final, start), torch.minimum(self.streamed[slots], final))
+        return torch.where(self.editing[slots] & running, settled, final)

@@ -338,7 +338,7 @@ class StepEngine:
                               self.host.segment[slots_host])
             self.host.block[slots_host], self.host.block_step[slots_host] = blocks, 0
             self.decode.block[slots], self.decode.block_step[slots] = to_device(blocks, self.device), 0
-            self.rule.restart_block(slots)
+            self.rule.restart_block(slots, to_device(starts, self.device))
             self.emitted.update(returned)
         forced = {r: t for r, t in step.forced.items() if r in self.slots and t}
         if forced:

@@ -97,9 +97,9 @@ class LogprobStore:
             return
         index = torch.as_tensor(np.stack([store_rows[asking], positions[asking]]), device=self.device)
         token = torch.as_tensor(tokens[asking], device=self.device)[:, None]
-        others = torch.arange(self.width - 2, device=self.device).expand(len(token), -1)
+        others = torch.arange(max(self.width - 2, 0), device=self.device).expand(len(token), -1)
         others = others + (others >= token).long()
-        self.ids[index[0], index[1]] = torch.cat([token, token, others], dim=1)
+        self.ids[index[0], index[1]] = torch.cat([token, token, others], dim=1)[:, : self.width]
         values = torch.full((len(token), self.width), float("-inf"), device=self.device)
         values[:, :2] = 0.0
         self.values[index[0], index[1]] = values
