@@ -188,11 +188,15 @@ def request_params(kind: str, spec, **kw) -> SamplingParams:
     return SamplingParams(structured_outputs=structured, **kw)
 
 
-@pytest.fixture(scope="module")
-def llada(grammar_kit):
-    llm = make_engine(grammar_kit["model_dir"], **ENGINE_STRUCTURED)
+def structured_engine(model_dir: str):
+    llm = make_engine(model_dir, **ENGINE_STRUCTURED)
     yield llm
     close_engine(llm)
+
+
+@pytest.fixture(scope="module")
+def llada(grammar_kit):
+    yield from structured_engine(grammar_kit["model_dir"])
 
 
 def test_llada_matches_the_constrained_loop(llada, grammar_kit):
@@ -305,9 +309,7 @@ def test_llada_outputs_parse_in_every_mode(llada, grammar_kit):
 
 @pytest.fixture(scope="module")
 def dream(tiny_dirs):
-    llm = make_engine(tiny_dirs("dream"), **ENGINE_STRUCTURED)
-    yield llm
-    close_engine(llm)
+    yield from structured_engine(tiny_dirs("dream"))
 
 
 DREAM_MODES = [
@@ -331,12 +333,9 @@ def test_a_canvas_too_short_ends_with_length_and_the_valid_prefix(llada):
     assert out.text.startswith('{"') and not parses("json", SCHEMA, out.text)
 
 
-
 @pytest.fixture(scope="module")
 def llada2(tiny_dirs):
-    llm = make_engine(tiny_dirs("llada2"), **ENGINE_STRUCTURED)
-    yield llm
-    close_engine(llm)
+    yield from structured_engine(tiny_dirs("llada2"))
 
 
 LLADA2_MODES = [
