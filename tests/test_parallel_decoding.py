@@ -251,6 +251,24 @@ def test_credit_generation_matches_a_dense_credit_loop():
     assert steps == expected_steps < 16
 
 
+def test_a_restarted_block_forgets_the_credit_of_returned_positions():
+    """Structured outputs return rejected tokens to the mask and restart their block:
+    the credit that chose them (from the returned position on) starts over, the
+    credit before it stays."""
+    opts = parallel_opts("credit", gen=16, block=8, threshold=0.99, credit_alpha=0.7, credit_decay=0.8,
+                         credit_boost=0.2)
+    batch = admit([(opts, 0), (opts, 1)])
+    table = logits_table(16, seed=5, scale=2.0)
+    run_step(batch, batch.slots, lambda cand_slots, positions: table[positions])
+    credit = batch.rule.parallel
+    before_tokens, before_values = credit.credit_tokens.clone(), credit.credit_values.clone()
+    assert (before_values[:, :8] > 0).any(dim=-1).all()  # every position of the first block has credit
+    batch.rule.restart_block(torch.tensor([1]), torch.tensor([3]))
+    assert torch.equal(credit.credit_tokens[0], before_tokens[0])  # another request: untouched
+    assert torch.equal(credit.credit_values[1, :3], before_values[1, :3])
+    assert (credit.credit_tokens[1, 3:] == -1).all() and (credit.credit_values[1, 3:] == 0).all()
+
+
 def test_a_block_ends_when_it_has_no_masks_and_the_next_one_starts():
     opts = parallel_opts("threshold", gen=16, block=8, threshold=0.0)  # everything is confident enough
     batch = admit([(opts, 0)])

@@ -235,6 +235,7 @@ class LLaDA2Rule(BatchedRule):
         # and they stay final.
         self.post_steps[slots] = 0
         self.streamed[slots] = streamed
+        self.parallel.forget(slots, streamed)
 
     def edits(self, slots: torch.Tensor) -> torch.Tensor:
         return self.edited[slots]

@@ -267,6 +267,17 @@ class ParallelParams:
             self.credit_tokens[slot] = -1
             self.credit_values[slot] = 0.0
 
+    def forget(self, slots: torch.Tensor, streamed: torch.Tensor) -> None:
+        """Credit of positions from `streamed` on starts over: their tokens went back
+        to the mask (structured outputs), and the credit that chose them would
+        choose them again."""
+        if self.credit_tokens is None:
+            return
+        columns = torch.arange(self.max_gen, device=slots.device)
+        drop = (columns[None, :] >= streamed[:, None])[:, :, None]
+        self.credit_tokens[slots] = torch.where(drop, -1, self.credit_tokens[slots])
+        self.credit_values[slots] = torch.where(drop, 0.0, self.credit_values[slots])
+
     def prepare(self, slots_host) -> None:
         codes = np.unique(self.rule_host[np.asarray(slots_host)])
         self.present = [DECODING_RULES[code] for code in codes if code != FIXED]
@@ -361,6 +372,10 @@ class ParallelDecoding:
 
     def commit_count(self, slots, plan, ordered_keys):
         return self.parallel.counts(slots, plan, ordered_keys)
+
+    def restart_block(self, slots, streamed):
+        super().restart_block(slots, streamed)
+        self.parallel.forget(slots, streamed)
 
     def block_done(self, slots, plan):
         masked = self.state.masked(slots, plan.candidates.shape[1])
