@@ -13,9 +13,11 @@ compared where the oracle's ranking is not within that tolerance of a tie.
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from vllm import SamplingParams
@@ -141,6 +143,149 @@ DREAM_CASES = [
 ]
 
 
+def official_elbo(model, prompt: list[int], context: int, recipe: str, masked: torch.Tensor, mask_id: int,
+                  dream_p: torch.Tensor | None = None, cfg: float = 0.0) -> tuple[float, list[float]]:
+    """eval_llada.py's `get_loglikelihood` / Dream's `_eval_target_nll_mc`, given the
+    samples' masks (and Dream's per-sample masking probabilities): per sample the
+    masked tokens' cross-entropy / p_mask (LLaDA: l / L), negated; LLaDA's guidance
+    masks the context of an unconditional copy, Dream's logits are shifted
+    (position j read from row j - 1)."""
+    length = len(prompt) - context
+    values = []
+    for i, row in enumerate(masked):
+        seq = torch.tensor([prompt])
+        noisy = torch.where(row[None], mask_id, seq)
+        logits = model.forward(noisy)[0]
+        if cfg > 0:
+            un = noisy.clone()
+            un[0, :context] = mask_id
+            un_logits = model.forward(un)[0]
+            logits = un_logits + (cfg + 1) * (logits - un_logits)
+        if recipe == "dream":
+            logits = torch.cat([logits[:1], logits[:-1]])
+        where = row.nonzero()[:, 0]
+        p_mask = row.sum().item() / length if recipe == "llada" else dream_p[i].item()
+        ce = torch.nn.functional.cross_entropy(logits[where].double(), seq[0, where], reduction="none")
+        values.append(-(ce / p_mask).sum().item())
+    return sum(values) / len(values), values
+
+
+def check_elbo_against_the_recipe(case, served) -> None:
+    """The estimate equals eval_llada.py's / Dream's formula evaluated by the oracle
+    on the masks the request drew, batched beside requests that ask for other things."""
+    from vllm_dllm.decoding.elbo import draw_samples, estimate
+
+    arch, length, context, samples, batch, options = case
+    model_dir, llm = served
+    ids = llada_ids(model_dir)
+    model = oracle_model.load_oracle(model_dir)
+    rng = random.Random(length * 31 + context)
+    prompt = random_prompt(rng, length)
+    xargs = {"steps": 4, "block_length": 4, "likelihood": "elbo", "context_tokens": context,
+             "mc_samples": samples, "mc_batch": batch, **options}
+    params = SamplingParams(max_tokens=4, temperature=0.0, seed=21, extra_args=xargs)
+    beside = [SamplingParams(max_tokens=8, temperature=0.0, extra_args={"steps": 8, "block_length": 8}),
+              SamplingParams(max_tokens=4, temperature=0.0, prompt_logprobs=1,
+                             extra_args={"steps": 4, "block_length": 4})]
+    outs = llm.generate([{"prompt_token_ids": p} for p in (prompt, random_prompt(rng, 5), random_prompt(rng, 6))],
+                        [params, *beside], use_tqdm=False)
+    got = outs[0].kv_transfer_params["likelihood"]
+    assert all(out.kv_transfer_params is None for out in outs[1:])
+    draw = draw_samples(arch, 21, length, context, samples, batch)
+    want, values = official_elbo(model, prompt, context, arch, draw.masked, ids["mask"], dream_p=1 / draw.weight,
+                                 cfg=options.get("cfg_scale", 0.0))
+    assert got["loglikelihood"] == pytest.approx(want, abs=2e-4 * max(1.0, abs(want)))
+    assert got["standard_error"] == pytest.approx(estimate(values)[1], abs=2e-4 * max(1.0, abs(want)))
+    assert {k: got[k] for k in ("estimator", "mc_samples", "mc_batch", "context_tokens", "continuation_tokens")} == {
+        "estimator": "elbo", "mc_samples": samples, "mc_batch": batch, "context_tokens": context,
+        "continuation_tokens": length - context}
+    if length - context == 1 and arch == "llada":
+        # One token, always masked with weight 1: the exact log p(x | context).
+        assert got["standard_error"] == pytest.approx(0.0, abs=1e-6)
+
+
+def exact_expectations(model, prompt: list[int], context: int, mask_id: int, shift: bool) -> dict[str, float]:
+    """The estimators' expected values, by enumerating every mask of the continuation.
+
+    LLaDA: the count l is uniform on 1..L (each sample's stratified count is, over
+    the batch's k, when mc_batch divides L) and the set uniform among those of size
+    l: E = sum_l (1/L)(L/l) mean_{|M|=l} S(M).  Dream: every position but the last
+    masked with probability p = eps + (1 - eps) t, t uniform: E = int p^(|M|-1)
+    (1 - p)^(L'-|M|) S(M) dt summed over sets, S(M) the masked log-probabilities."""
+    from itertools import combinations
+
+    from vllm_dllm.decoding.elbo import DREAM_EPS
+
+    length = len(prompt) - context
+    seq = torch.tensor([prompt])
+
+    def masked_logprob(positions) -> float:
+        row = torch.zeros(len(prompt), dtype=torch.bool)
+        row[list(positions)] = True
+        logits = model.forward(torch.where(row[None], mask_id, seq))[0].double()
+        if shift:
+            logits = torch.cat([logits[:1], logits[:-1]])
+        logp = logits.log_softmax(-1)
+        return sum(logp[j, prompt[j]].item() for j in positions)
+
+    continuation = range(context, len(prompt))
+    llada = sum((1 / length) * (length / size) * sum(masked_logprob(m) for m in combinations(continuation, size))
+                / math.comb(length, size) for size in range(1, length + 1))
+    scorable = [j for j in continuation if j not in (0, len(prompt) - 1)]
+    p = np.linspace(DREAM_EPS, 1.0, 200001)
+    dream = 0.0
+    for size in range(1, len(scorable) + 1):
+        weight = np.trapezoid(p ** (size - 1) * (1 - p) ** (len(scorable) - size), p) / (1 - DREAM_EPS)
+        dream += weight * sum(masked_logprob(m) for m in combinations(scorable, size))
+    return {"llada": llada, "dream": dream}
+
+
+def check_elbo_centres_on_its_expectation(arch: str, served) -> None:
+    """Unbiased with an honest error: over seeds, the estimates scatter around the
+    estimator's exact expectation as their standard errors say."""
+    model_dir, llm = served
+    ids = llada_ids(model_dir)
+    model = oracle_model.load_oracle(model_dir)
+    prompt = random_prompt(random.Random(5), 7)
+    context = 3  # L = 4 (Dream scores 3: never the last position)
+    exact = exact_expectations(model, prompt, context, ids["mask"], shift=arch == "dream")[arch]
+    seeds = list(range(12))
+    params = [SamplingParams(max_tokens=4, temperature=0.0, seed=seed,
+                             extra_args={"steps": 4, "block_length": 4, "likelihood": "elbo",
+                                         "context_tokens": context, "mc_samples": 64, "mc_batch": 4})
+              for seed in seeds]
+    outs = llm.generate([{"prompt_token_ids": prompt}] * len(seeds), params, use_tqdm=False)
+    got = [out.kv_transfer_params["likelihood"] for out in outs]
+    values = np.array([g["loglikelihood"] for g in got])
+    errors = np.array([g["standard_error"] for g in got])
+    assert (errors > 0).all()
+    # Each estimate within 4 of its errors; their mean within 4 errors of the mean.
+    assert (np.abs(values - exact) < 4 * errors).all(), (values, errors, exact)
+    assert abs(values.mean() - exact) < 4 * np.sqrt((errors**2).sum()) / len(seeds)
+    # The same seed draws the same masks alone as batched with the others; only the
+    # GEMMs' row counts differ (float32 rounding, ~1e-6 of the value).
+    alone = llm.generate([{"prompt_token_ids": prompt}], [params[3]], use_tqdm=False)[0].kv_transfer_params
+    assert alone["likelihood"]["loglikelihood"] == pytest.approx(got[3]["loglikelihood"], rel=1e-5)
+    assert alone["likelihood"]["standard_error"] == pytest.approx(got[3]["standard_error"], rel=1e-4)
+
+
+LLADA_ELBO_CASES = [
+    # (arch, prompt length, context tokens, mc_samples, mc_batch, extra options)
+    ("llada", 9, 4, 16, 8, {}),
+    ("llada", 7, 6, 4, 4, {}),  # one continuation token: every sample masks it, weight 1
+    ("llada", 8, 3, 8, 8, {"cfg_scale": 1.5}),
+]
+
+
+@pytest.mark.parametrize("case", LLADA_ELBO_CASES, ids=["plain", "one-token", "cfg"])
+def test_llada_elbo_is_the_official_recipe_on_the_same_masks(case, llada):
+    check_elbo_against_the_recipe(case, llada)
+
+
+def test_llada_elbo_centres_on_its_expectation_within_its_error(llada):
+    check_elbo_centres_on_its_expectation("llada", llada)
+
+
 @pytest.fixture(scope="module")
 def dream(tiny_dirs):
     yield from serve(tiny_dirs, "dream")
@@ -160,6 +305,14 @@ def test_dream_logprobs_come_from_the_row_before(dream):
         return oracle_rules.trim_at_eos(want.tokens, ids["eos"]), want.ties, want
 
     compare_until(len(DREAM_CASES), lambda draw: compare_with_oracle(llm, DREAM_CASES, rng, reference))
+
+
+def test_dream_elbo_is_the_official_recipe_on_the_same_masks(dream):
+    check_elbo_against_the_recipe(("dream", 10, 3, 16, 8, {}), dream)
+
+
+def test_dream_elbo_centres_on_its_expectation_within_its_error(dream):
+    check_elbo_centres_on_its_expectation("dream", dream)
 
 
 @pytest.mark.parametrize("arch", ["llada", "dream"])

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import torch
 from vllm.exceptions import VLLMValidationError
+from vllm.sampling_params import RequestOutputKind
 from vllm.v1.sample.logits_processor.interface import LogitsProcessor
 
 from vllm_dllm.options import OptionError, resolve
+from vllm_dllm.options.likelihood import likelihood_request, model_problem
 from vllm_dllm.server_config import process_defaults
 
 # SamplingParams fields vLLM honours for autoregressive models that a masked
@@ -39,6 +41,25 @@ _UNSUPPORTED = {
 
 def unsupported(name: str) -> str:
     return f"'{name}' is not supported by diffusion decoding"
+
+
+def _check_likelihood(sampling_params, kind: str) -> None:
+    """The ELBO option (options/likelihood.py): its values, and that its one answer
+    has somewhere to go (the final response of one completion)."""
+    try:
+        request = likelihood_request(sampling_params.extra_args)
+    except OptionError as err:
+        raise VLLMValidationError(str(err), parameter="vllm_xargs") from err
+    if request is None:
+        return
+    problem = model_problem(kind)
+    if problem:
+        raise VLLMValidationError(problem, parameter="vllm_xargs")
+    if sampling_params.output_kind != RequestOutputKind.FINAL_ONLY:
+        raise VLLMValidationError("'likelihood' is returned with the final response: it cannot be streamed",
+                                  parameter="stream")
+    if sampling_params.n != 1:
+        raise VLLMValidationError("'likelihood' is estimated once per request: n must be 1", parameter="n")
 
 
 class DiffusionParamsValidator(LogitsProcessor):
@@ -67,6 +88,7 @@ class DiffusionParamsValidator(LogitsProcessor):
         problem = defaults.deployment_problem(options)
         if problem:
             raise VLLMValidationError(problem, parameter="cache")
+        _check_likelihood(sampling_params, defaults.kind)
 
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
         # vLLM's stock runners instantiate every configured processor; as one it is

@@ -106,6 +106,7 @@ NAMES: tuple[Name, ...] = (
     Name("vllm.distributed", "get_tensor_model_parallel_world_size", "models/transformer.py"),
     Name("vllm.engine.arg_utils", "EngineArgs", "eval.py"),
     Name("vllm.exceptions", "VLLMValidationError", "validation.py"),
+    Name("vllm.sampling_params", "RequestOutputKind", "validation.py: a likelihood is not streamed"),
     Name("vllm.exceptions", "VLLMClientError", "frontend.py: a refused stream's exception, logged as one line"),
     Name("vllm.forward_context", "set_forward_context", "worker/runner.py: fused MoE layers look themselves up there"),
     Name("vllm.logger", "init_logger", "scheduler, server_config, runner"),
@@ -336,10 +337,13 @@ MEMBERS: tuple[Members, ...] = (
         (
             "max_tokens", "temperature", "top_p", "top_k", "extra_args", "seed", "logit_bias", "logprobs",
             "prompt_logprobs", "structured_outputs", "allowed_token_ids", "bad_words", "min_p",
-            "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens",
+            "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "output_kind", "n",
         ),
         "options.resolve, validation, runner",
     ),
+    Members("vllm.sampling_params", "RequestOutputKind", ("FINAL_ONLY",), "validation: likelihood"),
+    Members("vllm.v1.engine", "EngineCoreOutput", ("request_id", "finish_reason", "kv_transfer_params"),
+            "scheduler: a request's ELBO rides its final output to the response"),
     Members(
         OUTPUT,
         "SchedulerOutput",

@@ -27,6 +27,7 @@ from vllm_dllm.decoding.logits import chunked_reduce
 from vllm_dllm.decoding.logprobs import LogprobsCollector
 from vllm_dllm.engine.constraints import FrontierMasks, GrammarStep, block_of, frontier_masks, return_to_mask
 from vllm_dllm.engine.graphs import ReuseGraphs
+from vllm_dllm.engine.likelihood import ElboScorer, ElboTask
 from vllm_dllm.engine.logprob_store import LogprobStore
 from vllm_dllm.engine.prompt_scoring import PromptLogprobs, PromptScorer
 from vllm_dllm.engine.phases import POLICY_NONE, POLICY_SPARSE, PhaseParams, batch_phases
@@ -83,6 +84,8 @@ class StepOutput:
     logprobs_start: list[int] | None = None
     # Prompt logprobs of requests streaming their first tokens (engine/prompt_scoring.py).
     prompt_logprobs: dict[str, PromptLogprobs] = dataclasses.field(default_factory=dict)
+    # ELBO estimates of requests scored this step (engine/likelihood.py).
+    likelihoods: dict[str, dict] = dataclasses.field(default_factory=dict)
 
 
 _CANVAS = 5  # the report's first canvas column (after final, candidates, block, block step, edits)
@@ -162,6 +165,7 @@ class StepEngine:
         self.snapshot = torch.zeros_like(self.decode.canvas)  # canvas of each request's last Refresh
         self.logprobs = LogprobStore(capacity, max_model_len, max_logprobs, device)
         self.prompt_scorer = PromptScorer(capacity)
+        self.elbo_scorer = ElboScorer()
         self.sparse = SparseParams(
             sequence_slots=np.zeros(capacity, dtype=np.int64),
             keep=np.zeros(capacity, dtype=np.int64),
@@ -193,11 +197,13 @@ class StepEngine:
     def add(
         self, req_id: str, prompt: list[int], options: DecodeOptions, seed: int, block_ids: list[int],
         prefilled: int = 0, logprobs: int | None = None, prompt_logprobs: int | None = None,
+        likelihood: ElboTask | None = None,
     ) -> None:
         """A new request; `prefilled`: leading positions whose K/V its blocks already
         hold (a block-causal request's prefix cache hit); `logprobs`: top entries per
         token it wants logprobs with (None: no logprobs); `prompt_logprobs`: the same
-        for its prompt's tokens (scored in its first step)."""
+        for its prompt's tokens (scored in its first step); `likelihood`: the ELBO of its
+        prompt's continuation to estimate in its first step."""
         if req_id in self.slots:
             raise ValueError(f"request {req_id} is already in the batch")
         if not self._free:
@@ -214,6 +220,8 @@ class StepEngine:
                 raise ValueError(f"request {req_id}: {name} must be between 0 and {self.logprobs.width - 1}")
         if prompt_logprobs is not None and is_block_causal(options):
             raise ValueError(f"request {req_id}: prompt_logprobs are not supported for block-causal models yet")
+        if likelihood is not None and (is_block_causal(options) or likelihood.request.context_tokens >= len(prompt)):
+            raise ValueError(f"request {req_id}: no ELBO of its prompt: block-causal, or no continuation to score")
         slot = self._free.pop()
         self.slots[req_id] = slot
         self.emitted[req_id] = 0
@@ -223,6 +231,7 @@ class StepEngine:
         self.rule.admit(slot, options)
         self.logprobs.admit(slot, logprobs)
         self.prompt_scorer.admit(slot, prompt_logprobs)
+        self.elbo_scorer.admit(slot, likelihood)
         h = self.host
         h.prompt_len[slot] = len(prompt)
         h.gen_length[slot] = options.gen_length
@@ -311,6 +320,7 @@ class StepEngine:
         if slot is not None:
             self.logprobs.release(slot)
             self.prompt_scorer.release(slot, req_id)
+            self.elbo_scorer.release(slot)
             self.emitted.pop(req_id)
             self._num_blocks.pop(req_id, None)
             self._free.append(slot)
@@ -423,7 +433,9 @@ class StepEngine:
         """
         slots_host = np.array([self.slots[r] for r in req_ids], dtype=np.int64)
         batch = self.layout(slots_host)
-        tokens = batch.tokens + self.prompt_scorer.step_tokens(slots_host, self.host.prompt_len[slots_host])
+        prompt_len = self.host.prompt_len[slots_host]
+        tokens = (batch.tokens + self.prompt_scorer.step_tokens(slots_host, prompt_len)
+                  + self.elbo_scorer.step_tokens(slots_host, prompt_len))
         if planned_tokens is not None:
             planned = np.array(planned_tokens, dtype=np.int64)
             if not np.array_equal(planned, tokens):
@@ -477,6 +489,7 @@ class StepEngine:
         self._masks = None
         self._take_logprobs(slots_host, starts, output)
         self.prompt_scorer.score(self, req_ids, slots_host)
+        output.likelihoods = self.elbo_scorer.score(self, req_ids, slots_host)
         if self.prompt_scorer.pending:
             for req_id, new in zip(req_ids, new_tokens):
                 if new and req_id in self.prompt_scorer.pending:

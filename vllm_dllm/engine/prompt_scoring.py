@@ -17,6 +17,7 @@ step that streams.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -87,23 +88,11 @@ class PromptScorer:
         # Copy c of a prompt masks positions j = c + 1 onwards.
         first = np.repeat(np.cumsum(copies) - copies, copies)
         masked_from = np.arange(len(seq_slot)) - first + 1
-        zeros = np.zeros(len(seq_slot), dtype=np.int64)
-        layout = SequenceLayout(slot=seq_slot, twin=zeros.astype(bool), query_start=zeros, num_queries=seq_len,
-                                seq_len=seq_len, kv_start=zeros)
-        inputs = build_step_inputs(
-            layout, prompt_tokens=engine.prompt_tokens, prompt_len=engine.prompt_len, canvas=engine.decode.canvas,
-            block_table=engine.block_table, block_size=engine.block_size, mask_id=engine.ids.mask,
-            backend=engine.backend,
-        )
-        device = engine.device
-        row_masked_from = to_device(np.repeat(masked_from, seq_len), device)
-        input_ids = torch.where(inputs.positions >= row_masked_from, engine.ids.mask, inputs.input_ids)
-        meta = dataclasses.replace(inputs.metadata, in_flight=True)
-        with attention_metadata(meta), engine.model_context(len(input_ids)):
-            hidden = engine.model(input_ids, inputs.positions)
+        row_masked_from = to_device(np.repeat(masked_from, seq_len), engine.device)
+        hidden, starts = forward_prompt_copies(engine, seq_slot, lambda positions: positions >= row_masked_from)
         predicts = masked_from - 1 if engine.logits_shift else masked_from
-        rows = to_device(np.cumsum(seq_len) - seq_len + predicts, device)
-        targets = engine.prompt_tokens[to_device(seq_slot, device), to_device(masked_from, device)]
+        rows = to_device(starts + predicts, engine.device)
+        targets = engine.prompt_tokens[to_device(seq_slot, engine.device), to_device(masked_from, engine.device)]
         parts = []
         for start in range(0, len(rows), engine.max_num_logits):
             chunk = slice(start, start + engine.max_num_logits)
@@ -112,3 +101,27 @@ class PromptScorer:
         values = torch.cat([p.values for p in parts]).cpu().numpy()
         ranks = torch.cat([p.rank for p in parts]).cpu().numpy()
         return ids, values, ranks
+
+
+def forward_prompt_copies(
+    engine, seq_slot: np.ndarray, masked: Callable[[torch.Tensor], torch.Tensor]
+) -> tuple[torch.Tensor, np.ndarray]:
+    """One forward over copies of prompts: copy i is the whole prompt of slot
+    `seq_slot[i]`, with the tokens `masked(positions)` selects (bool, one per token of
+    the copies, in order) replaced by the mask token.  Each copy attends only over
+    its own K/V (in flight: no KV pool is read or written).  Returns the hidden
+    states and the first row of each copy."""
+    seq_len = engine.host.prompt_len[seq_slot]
+    zeros = np.zeros(len(seq_slot), dtype=np.int64)
+    layout = SequenceLayout(slot=seq_slot, twin=zeros.astype(bool), query_start=zeros, num_queries=seq_len,
+                            seq_len=seq_len, kv_start=zeros)
+    inputs = build_step_inputs(
+        layout, prompt_tokens=engine.prompt_tokens, prompt_len=engine.prompt_len, canvas=engine.decode.canvas,
+        block_table=engine.block_table, block_size=engine.block_size, mask_id=engine.ids.mask,
+        backend=engine.backend,
+    )
+    input_ids = torch.where(masked(inputs.positions), engine.ids.mask, inputs.input_ids)
+    meta = dataclasses.replace(inputs.metadata, in_flight=True)
+    with attention_metadata(meta), engine.model_context(len(input_ids)):
+        hidden = engine.model(input_ids, inputs.positions)
+    return hidden, np.cumsum(seq_len) - seq_len

@@ -27,6 +27,7 @@ from vllm_dllm.options.common import (
     _range_problem,
 )
 from vllm_dllm.options.dream import DreamOptions
+from vllm_dllm.options.likelihood import decoding_args
 from vllm_dllm.options.llada import LLaDAOptions
 from vllm_dllm.options.llada2 import LLaDA2Options
 
@@ -123,7 +124,7 @@ def resolve(
         raise OptionError(f"'temperature' must be >= 0, got {temperature}")
     if not 0 < top_p <= 1:
         raise OptionError(f"'top_p' must lie in (0, 1], got {top_p}")
-    request = check_overrides(kind, extra_args or {})
+    request = check_overrides(kind, decoding_args(extra_args))
     merged = {**defaults.overrides, **FAMILIES[kind].expand(request)}
     steps = _positive_int("steps", merged.get("steps", gen_length))
     return FAMILIES[kind].resolve(

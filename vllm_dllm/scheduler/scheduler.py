@@ -23,10 +23,14 @@ from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutp
 from vllm.v1.request import Request, RequestStatus
 
 from vllm_dllm.engine.constraints import GrammarStep
+from vllm_dllm.engine.likelihood import elbo_tokens
 from vllm_dllm.engine.prompt_scoring import scoring_tokens
 from vllm_dllm.kv_footprint import request_slots
 from vllm_dllm.metrics import StepStats
 from vllm_dllm.options import DecodeOptions, OptionError, resolve, sequence_copies
+from vllm_dllm.options.likelihood import likelihood_request
+from vllm_dllm.options.likelihood import model_problem as likelihood_model_problem
+from vllm_dllm.options.likelihood import prompt_problem as likelihood_prompt_problem
 from vllm_dllm.phases import (
     StepPhase,
     block_phase,
@@ -167,6 +171,7 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
         self.prefill_chunk = prefill_chunk(self.vllm_config)
         self._costs: dict[str, RequestTrack] = {}
         self._rejected: dict[str, str] = {}
+        self._likelihoods: dict[str, dict] = {}  # ELBO estimates, until their request finishes
         self._step_stats: StepStats | None = None
         self._delayed = 0  # running requests that sat the last planned step out
         # Structured outputs (scheduler/grammar.py): where each request's streamed
@@ -215,18 +220,9 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
         chunk = self.prefill_chunk if causal else 0
         most_queries = max_block_causal_queries(options.block_length, seq_len, chunk) if causal else seq_len
         tokens = most_queries * sequence_copies(options)
-        scoring = 0
-        if params.prompt_logprobs is not None:
-            if causal:
-                return "prompt_logprobs are not supported for block-causal models (LLaDA2) yet"
-            scoring = int(scoring_tokens(np.array([request.num_prompt_tokens]))[0])
-            if tokens + scoring > self.max_num_scheduled_tokens:
-                return (
-                    f"prompt_logprobs of a {request.num_prompt_tokens}-token prompt run "
-                    f"{request.num_prompt_tokens - 1} masked copies of it ({scoring} tokens) in its first step, "
-                    f"more than max_num_batched_tokens {self.max_num_scheduled_tokens} with the step itself; "
-                    "raise --max-num-batched-tokens or shorten the prompt"
-                )
+        scoring, problem = self._scoring_tokens(request, options, tokens)
+        if problem:
+            return problem
         slots = request_slots(options, request.num_prompt_tokens)
         if slots > self.max_model_len:
             # vLLM's KV cache manager caps one request's slots at max_model_len; the
@@ -248,6 +244,40 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
         self._costs[request.request_id] = RequestTrack(options, request.num_prompt_tokens, blocks, chunk=chunk,
                                                        scoring=scoring)
         return None
+
+    def _scoring_tokens(self, request: Request, options: DecodeOptions, step_tokens: int) -> tuple[int, str | None]:
+        """Query tokens of the request's prompt scoring (prompt_logprobs' copies, the
+        ELBO's samples), run with its first step, or why it cannot run."""
+        params = request.sampling_params
+        prompt_len = request.num_prompt_tokens
+        scoring, parts = 0, []
+        if params.prompt_logprobs is not None:
+            if is_block_causal(options):
+                return 0, "prompt_logprobs are not supported for block-causal models (LLaDA2) yet"
+            copies = int(scoring_tokens(np.array([prompt_len]))[0])
+            scoring += copies
+            parts.append(f"prompt_logprobs of a {prompt_len}-token prompt run {prompt_len - 1} masked copies "
+                         f"of it ({copies} tokens)")
+        try:
+            likelihood = likelihood_request(params.extra_args)
+        except OptionError as err:
+            return 0, str(err)
+        if likelihood is not None:
+            problem = likelihood_model_problem(self.defaults.kind) or likelihood_prompt_problem(likelihood, prompt_len)
+            if problem:
+                return 0, problem
+            samples = elbo_tokens(prompt_len, likelihood, options.uses_cfg)
+            scoring += samples
+            twins = " and their guided twins" if options.uses_cfg else ""
+            parts.append(f"the ELBO of a {prompt_len}-token prompt runs {likelihood.mc_samples} masked copies "
+                         f"of it{twins} ({samples} tokens)")
+        if scoring and step_tokens + scoring > self.max_num_scheduled_tokens:
+            return 0, (
+                f"{'; '.join(parts)} in its first step, more than max_num_batched_tokens "
+                f"{self.max_num_scheduled_tokens} with the step itself; raise --max-num-batched-tokens"
+                + (", lower mc_samples" if likelihood is not None else "") + " or shorten the prompt"
+            )
+        return scoring, None
 
     # ---- one step -----------------------------------------------------------
 
@@ -489,7 +519,10 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
         if self._step_stats is not None:
             self._step_stats.returned_tokens, self._step_stats.forced_tokens = returned, self._forced
         self._forced = 0
+        self._likelihoods.update(getattr(model_runner_output, "likelihoods", None) or {})
         outputs = super().update_from_output(scheduler_output, model_runner_output)
+        if self._likelihoods:
+            self._attach_likelihoods(outputs)
         self._step_stats = None
         if self._rejected:
             reasons, self._rejected = self._rejected, {}
@@ -506,6 +539,17 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
         for req_id in [r for r in self._costs if r not in self.requests]:
             del self._costs[req_id]
         return outputs
+
+    def _attach_likelihoods(self, outputs: dict[int, EngineCoreOutputs]) -> None:
+        """A request's ELBO goes out with its final output, in the field vLLM passes
+        from the engine to the response as it is (`kv_transfer_params`)."""
+        for engine_outputs in outputs.values():
+            for output in engine_outputs.outputs:
+                if output.finish_reason is not None and output.request_id in self._likelihoods:
+                    value = self._likelihoods.pop(output.request_id)
+                    output.kv_transfer_params = {**(output.kv_transfer_params or {}), "likelihood": value}
+        for req_id in [r for r in self._likelihoods if r not in self.requests]:
+            del self._likelihoods[req_id]  # aborted before it finished
 
     def _measure_step(self, scheduler_output, model_runner_output) -> StepStats | None:
         """Advance each scheduled request's step and count what the step did."""

@@ -25,6 +25,7 @@ from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsLists, LogprobsTe
 from vllm_dllm.attention.backends import TorchAttention, select_backend
 from vllm_dllm.engine.engine import StepEngine
 from vllm_dllm.engine.graphs import capture_cuda_graph
+from vllm_dllm.engine.likelihood import elbo_task
 from vllm_dllm.options import resolve
 from vllm_dllm.server_config import BLOCK_CAUSAL_KINDS, prefill_chunk, server_defaults
 from vllm_dllm.worker.kv_pool import bind_kv_pool
@@ -54,6 +55,8 @@ class DiffusionRunnerOutput(ModelRunnerOutput):
     logits_rows: int = 0
     progress: list[tuple[int, int]] = field(default_factory=list)
     edits: int = 0
+    # ELBO estimates of the requests scored this step (engine/likelihood.py).
+    likelihoods: dict[str, dict] = field(default_factory=dict)
 
 
 class DiffusionModelRunner:
@@ -241,6 +244,7 @@ class DiffusionModelRunner:
             logits_rows=result.logits_rows,
             progress=result.progress,
             edits=result.edits,
+            likelihoods=result.likelihoods,
         )
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
@@ -275,4 +279,5 @@ class DiffusionModelRunner:
         seed = params.seed if params.seed is not None else unseeded_seed(new.req_id, self.model_config.seed)
         self.engine.add(new.req_id, list(new.prompt_token_ids), options, seed, list(new.block_ids[0]),
                         prefilled=new.num_computed_tokens, logprobs=params.logprobs,
-                        prompt_logprobs=params.prompt_logprobs)
+                        prompt_logprobs=params.prompt_logprobs,
+                        likelihood=elbo_task(self.defaults.kind, options, params.extra_args, seed))

@@ -1,0 +1,168 @@
+"""The Monte-Carlo ELBO of a prompt's continuation, for requests that ask
+(options/likelihood.py), run in the request's first step.
+
+Each sample is a masked copy of the whole prompt (decoding/elbo.py draws which
+positions); all samples of all asking requests of the step go through one forward
+with in-flight attention (each copy attends over itself alone, no KV pool touched),
+the masked rows through the chunked LM head, and each request's samples reduce to
+its mean and standard error with one copy to the host.  With LLaDA's classifier-free
+guidance every sample has a twin whose context is masked too, and the logits are
+un + (cfg + 1)(cond - un), as eval_llada.py's `get_logits`.  A request's copies cost
+mc_samples x prompt tokens (twice with guidance), priced by the scheduler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from vllm_dllm.decoding.elbo import draw_samples, estimate
+from vllm_dllm.engine.prompt_scoring import forward_prompt_copies
+from vllm_dllm.engine.step_inputs import to_device
+from vllm_dllm.options.likelihood import RECIPE_OF_KIND, LikelihoodRequest, likelihood_request
+
+
+@dataclass(frozen=True)
+class ElboTask:
+    recipe: str  # decoding/elbo.py RECIPES: the model family's evaluation recipe
+    request: LikelihoodRequest
+    seed: int
+    cfg_scale: float = 0.0  # LLaDA's guidance (its eval's `cfg`); 0: none
+
+    @property
+    def copies(self) -> int:
+        return 2 if self.cfg_scale > 0 else 1
+
+
+def elbo_task(kind: str, options, extra_args: dict | None, seed: int) -> ElboTask | None:
+    """The ELBO a request asks for (checked beforehand by the front end and the
+    scheduler), or None."""
+    request = likelihood_request(extra_args)
+    if request is None:
+        return None
+    return ElboTask(RECIPE_OF_KIND[kind], request, seed, float(getattr(options, "cfg_scale", 0.0)))
+
+
+def elbo_tokens(prompt_len: int, request: LikelihoodRequest, cfg: bool) -> int:
+    """Query tokens of a request's ELBO samples."""
+    return request.mc_samples * prompt_len * (2 if cfg else 1)
+
+
+def summary(task: ElboTask, prompt_len: int, values: torch.Tensor) -> dict:
+    """What the response carries (its `kv_transfer_params["likelihood"]`)."""
+    mean, error = estimate(values)
+    request = task.request
+    return {
+        "estimator": request.estimator,
+        "loglikelihood": mean,
+        "standard_error": error,
+        "mc_samples": request.mc_samples,
+        "mc_batch": request.mc_batch,
+        "context_tokens": request.context_tokens,
+        "continuation_tokens": prompt_len - request.context_tokens,
+    }
+
+
+class ElboScorer:
+    def __init__(self):
+        self.tasks: dict[int, ElboTask] = {}  # by slot, until its first step
+
+    def admit(self, slot: int, task: ElboTask | None) -> None:
+        if task is None:
+            self.tasks.pop(slot, None)
+        else:
+            self.tasks[slot] = task
+
+    def release(self, slot: int) -> None:
+        self.tasks.pop(slot, None)
+
+    def step_tokens(self, slots_host: np.ndarray, prompt_len: np.ndarray) -> np.ndarray:
+        if not self.tasks:
+            return np.zeros(len(slots_host), dtype=np.int64)
+        return np.array([
+            elbo_tokens(int(n), t.request, t.copies == 2) if (t := self.tasks.get(int(s))) else 0
+            for s, n in zip(slots_host.tolist(), prompt_len.tolist())
+        ], dtype=np.int64)
+
+    def score(self, engine, req_ids: list[str], slots_host: np.ndarray) -> dict[str, dict]:
+        """The estimates of the step's requests that asked and are not scored yet."""
+        todo = [(req_id, slot, self.tasks.pop(slot)) for req_id, slot in zip(req_ids, slots_host.tolist())
+                if slot in self.tasks]
+        if not todo:
+            return {}
+        lengths = [int(engine.host.prompt_len[slot]) for _, slot, _ in todo]
+        values = self._run(engine, [slot for _, slot, _ in todo], lengths, [task for _, _, task in todo])
+        return {req_id: summary(task, length, v)
+                for (req_id, _, task), length, v in zip(todo, lengths, values)}
+
+    @torch.inference_mode()
+    def _run(self, engine, slots: list[int], lengths: list[int], tasks: list[ElboTask]) -> list[torch.Tensor]:
+        device = engine.device
+        draws = [draw_samples(t.recipe, t.seed, n, t.request.context_tokens, t.request.mc_samples, t.request.mc_batch)
+                 for t, n in zip(tasks, lengths)]
+        # Copies in order: each request's samples, then (with guidance) their twins,
+        # whose context is masked as well.
+        masks, seq_slot, sample_of_copy = [], [], []
+        first_sample = np.cumsum([0] + [t.request.mc_samples for t in tasks])
+        for slot, n, task, draw, first in zip(slots, lengths, tasks, draws, first_sample.tolist()):
+            samples = task.request.mc_samples
+            masks.append(draw.masked.reshape(-1))
+            seq_slot += [slot] * samples
+            sample_of_copy += range(first, first + samples)
+            if task.copies == 2:
+                twin = draw.masked.clone()
+                twin[:, : task.request.context_tokens] = True
+                masks.append(twin.reshape(-1))
+                seq_slot += [slot] * samples
+                sample_of_copy += range(first, first + samples)
+        masked = to_device(torch.cat(masks), device)
+        hidden, starts = forward_prompt_copies(engine, np.array(seq_slot, dtype=np.int64), lambda _: masked)
+
+        # The scored rows: every masked position of each sample (its guided twin's
+        # row beside it), as (sample, position).
+        sample_rows, positions, twin_rows, scale = [], [], [], []
+        copy = 0
+        for n, task, draw, first in zip(lengths, tasks, draws, first_sample.tolist()):
+            sample, position = torch.nonzero(draw.masked, as_tuple=True)
+            samples = task.request.mc_samples
+            sample_rows.append(sample + first)
+            positions.append(position)
+            read = position - 1 if engine.logits_shift else position
+            cond = torch.as_tensor(starts[copy : copy + samples])[sample] + read
+            twin_rows.append(torch.stack([cond, torch.as_tensor(starts[copy + samples : copy + 2 * samples])[sample]
+                                          + read]) if task.copies == 2 else torch.stack([cond, cond]))
+            scale.append(torch.full((len(sample),), task.cfg_scale, dtype=torch.float32))
+            copy += samples * task.copies
+        sample_rows = torch.cat(sample_rows)
+        rows = to_device(torch.cat(twin_rows, dim=1), device)  # [2, R]: conditional, unconditional
+        cfg = to_device(torch.cat(scale), device)
+        targets = engine.prompt_tokens[to_device(torch.as_tensor(seq_slot)[_copy_of(sample_rows, tasks)], device),
+                                       to_device(torch.cat(positions), device)]
+        logprobs = torch.empty(rows.shape[1], dtype=torch.float64, device=device)
+        guided = any(task.copies == 2 for task in tasks)
+        step = max(engine.max_num_logits // 2, 1) if guided else engine.max_num_logits
+        for start in range(0, rows.shape[1], step):
+            chunk = slice(start, start + step)
+            logits = engine.model.compute_logits(hidden[rows[0, chunk]]).float()
+            if guided:
+                uncond = engine.model.compute_logits(hidden[rows[1, chunk]]).float()
+                scale = cfg[chunk, None]
+                logits = torch.where(scale > 0, uncond + (scale + 1) * (logits - uncond), logits)
+            logprobs[chunk] = logits.log_softmax(dim=-1).gather(1, targets[chunk, None])[:, 0].double()
+        weights = torch.cat([d.weight for d in draws])
+        totals = torch.zeros(int(first_sample[-1]), dtype=torch.float64, device=device)
+        totals.index_add_(0, to_device(sample_rows, device), logprobs)
+        values = (totals.cpu() * weights).split([t.request.mc_samples for t in tasks])
+        return list(values)
+
+
+def _copy_of(sample_rows: torch.Tensor, tasks: list[ElboTask]) -> torch.Tensor:
+    """The index in the copies list of each global sample's conditional copy."""
+    offsets, copy = [], 0
+    for task in tasks:
+        samples = task.request.mc_samples
+        offsets.append(torch.arange(samples) + copy)
+        copy += samples * task.copies
+    return torch.cat(offsets)[sample_rows]
