@@ -15,7 +15,7 @@ setup: $(STAMP)
 # machines get vLLM's CUDA build, everything else the CPU build with its torch pin
 # and wheel clean-ups.
 $(STAMP): pyproject.toml scripts/install.sh
-	PYTHON=$(PYTHON) scripts/install.sh auto --venv $(VENV) --extras test
+	PYTHON=$(PYTHON) scripts/install.sh auto --venv $(VENV) --extras test,eval
 	touch $(STAMP)
 
 test: setup

@@ -13,6 +13,11 @@ misses (one more, ten more, a digit swapped or one less); lm-eval's loglikelihoo
 request sends context + continuation with `echo=true, logprobs=1, max_tokens=1` and
 sums the continuation's prompt logprobs, which the plugin computes by the chain rule
 (README: Decoding options).  Chance is 25%.
+
+`--client dllm-completions` runs the same two tasks through `python -m vllm_dllm.lm_eval`
+instead: generation is unchanged, and the multiple-choice task is scored by the models'
+own Monte-Carlo ELBO (`--mc-samples` per choice, one request per choice); results go to
+results/lm-eval-elbo by default.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ import urllib.request
 HERE = pathlib.Path(__file__).resolve().parent
 BIN = pathlib.Path(sys.executable).parent
 MODEL_NAME = "vllm-dllm-task"
+CLIENTS = ("local-completions", "dllm-completions")
+LOGLIKELIHOOD = {"local-completions": "loglikelihood: chain rule", "dllm-completions": "loglikelihood: ELBO"}
 
 
 def documents(tokenizer, n: int, seed: int) -> list[dict]:
@@ -117,10 +124,16 @@ def start_server(model: str, port: int, log: pathlib.Path) -> subprocess.Popen:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=pathlib.Path, default=HERE / "results" / "lm-eval")
+    ap.add_argument("--out", type=pathlib.Path, default=None,
+                    help="default: results/lm-eval (stock client) or results/lm-eval-elbo (dllm-completions)")
     ap.add_argument("--n", type=int, default=40)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--client", choices=CLIENTS, default="local-completions",
+                    help="lm-eval's stock client (chain-rule loglikelihood) or vllm_dllm.lm_eval (ELBO)")
+    ap.add_argument("--mc-samples", type=int, default=128, help="ELBO samples per choice (dllm-completions)")
     args = ap.parse_args()
+    if args.out is None:
+        args.out = HERE / "results" / ("lm-eval" if args.client == "local-completions" else "lm-eval-elbo")
 
     from transformers import AutoTokenizer
 
@@ -140,11 +153,17 @@ def main() -> None:
     server = start_server(model, port, out / "server.log")
     try:
         started = time.time()
-        cmd = [str(BIN / "lm_eval"), "--model", "local-completions", "--model_args",
-               f"model={MODEL_NAME},base_url=http://127.0.0.1:{port}/v1/completions,tokenizer={model},"
-               "tokenizer_backend=huggingface,num_concurrent=4,max_retries=1",
-               "--tasks", ",".join(TASK_YAML), "--include_path", str(tasks_dir), "--output_path", str(out / "raw"),
-               "--seed", str(args.seed)]
+        base_url = f"http://127.0.0.1:{port}/v1/completions"
+        model_args = (f"model={MODEL_NAME},tokenizer={model},tokenizer_backend=huggingface,"
+                      "num_concurrent=4,max_retries=1")
+        if args.client == "local-completions":
+            cmd = [str(BIN / "lm_eval"), "--model", "local-completions",
+                   "--model_args", f"{model_args},base_url={base_url}"]
+        else:
+            cmd = [sys.executable, "-m", "vllm_dllm.lm_eval", "--base-url", base_url, "--mc-samples",
+                   str(args.mc_samples), "--model_args", model_args]
+        cmd += ["--tasks", ",".join(TASK_YAML), "--include_path", str(tasks_dir), "--output_path", str(out / "raw"),
+                "--seed", str(args.seed)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
         (out / "lm_eval.log").write_text(proc.stdout + proc.stderr)
         if proc.returncode:
@@ -156,15 +175,18 @@ def main() -> None:
     [result_file] = sorted((out / "raw").rglob("results_*.json"))[-1:]
     results = json.loads(result_file.read_text())["results"]
     summary = {
-        "model": "the shipped task model (vllm_dllm/default_model)", "client": "lm-eval local-completions",
-        "n": args.n, "wall_s": round(wall, 1), "chance_mc": 0.25,
+        "model": "the shipped task model (vllm_dllm/default_model)", "client": f"lm-eval {args.client}",
+        "loglikelihood": LOGLIKELIHOOD[args.client], "n": args.n, "wall_s": round(wall, 1), "chance_mc": 0.25,
         "generate_until_exact_match": results["dllm_addition_gen"]["exact_match,none"],
         "multiple_choice_acc": results["dllm_addition_mc"]["acc,none"],
     }
+    if args.client == "dllm-completions":
+        summary["mc_samples"] = args.mc_samples
     (out / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
-    table = ("| task (lm-eval local-completions, shipped model) | metric | score | chance |\n|---|---|---|---|\n"
+    table = (f"| task (lm-eval {args.client}, shipped model) | metric | score | chance |\n|---|---|---|---|\n"
              f"| addition, generate_until | exact_match | {summary['generate_until_exact_match']:.3f} | 0 |\n"
-             f"| addition, multiple choice (loglikelihood) | acc | {summary['multiple_choice_acc']:.3f} | 0.25 |\n")
+             f"| addition, multiple choice ({summary['loglikelihood']}) | acc | {summary['multiple_choice_acc']:.3f} "
+             "| 0.25 |\n")
     (out / "table.md").write_text(f"{args.n} held-out documents each; {summary['wall_s']} s in all.\n\n" + table)
     print(table)
 
