@@ -14,6 +14,7 @@ import re
 import threading
 
 import httpx
+import pytest
 
 from tests import oracle, oracle_model, oracle_rules
 from tests.llada_server import (  # noqa: F401 (pytest fixtures among them)
@@ -26,6 +27,7 @@ from tests.llada_server import (  # noqa: F401 (pytest fixtures among them)
     metrics,
     model_dir,
     PROMPTS,
+    post,
     REQUEST_TIMEOUT_S,
     server,
     special_ids,
@@ -224,6 +226,31 @@ def test_echo_with_logprobs_scores_the_prompt(server, client):
     assert token_logprobs[0] is None and len(token_logprobs) >= 3
     assert all(lp is not None and lp <= 0 for lp in token_logprobs[1:])
     assert choice["text"].startswith("the cat sat on the mat")
+
+
+def test_elbo_of_a_continuation_comes_back_with_the_response(server, client, tokenizer):
+    """The models' own estimator: the ELBO of the prompt's last tokens given its first
+    N, with its standard error, in the response's kv_transfer_params; the same seed
+    gives the same value, a longer continuation of the same context a lower one."""
+    context = encode(tokenizer, "the cat sat on the")
+    body = dict(max_tokens=1, temperature=0.0, seed=3,
+                vllm_xargs={"steps": 1, "block_length": 1, "likelihood": "elbo", "context_tokens": len(context),
+                            "mc_samples": 16, "mc_batch": 8})
+    one = complete(client, server, prompt=context + encode(tokenizer, " mat"), **body)
+    estimate = one["kv_transfer_params"]["likelihood"]
+    assert estimate["estimator"] == "elbo" and estimate["context_tokens"] == len(context)
+    assert estimate["mc_samples"] == 16 and estimate["mc_batch"] == 8
+    assert estimate["loglikelihood"] < 0 and estimate["standard_error"] >= 0
+    again = complete(client, server, prompt=context + encode(tokenizer, " mat"), **body)
+    assert again["kv_transfer_params"]["likelihood"]["loglikelihood"] == pytest.approx(estimate["loglikelihood"],
+                                                                                       rel=1e-5)
+    # The response is otherwise an ordinary completion.
+    assert one["choices"][0]["finish_reason"] in ("length", "stop")
+    # A continuation past the prompt's end is named.
+    resp = post(client, server, "/v1/completions",
+                {"prompt": context, **body, "vllm_xargs": {**body["vllm_xargs"], "context_tokens": len(context)}},
+                expect=None)
+    assert resp.status_code == 400 and "must be less than the prompt's" in resp.text, resp.text[:400]
 
 
 def test_the_openai_sdk_reads_logprobs_sync_and_streaming(server):

@@ -80,6 +80,12 @@ BAD_REQUESTS = [
     # grammar backend cannot compile is its 400.
     ("bad-regex", "completions", {"max_tokens": 16, "structured_outputs": {"regex": "(ab"}}, ["regex"]),
     ("bad-json-schema", "completions", {"max_tokens": 16, "structured_outputs": {"json": "{not json"}}, ["Invalid JSON grammar"]),
+    # The ELBO option (its values; a continuation past the prompt: tests/test_server.py).
+    ("likelihood-unknown", "completions", {"max_tokens": 4, "vllm_xargs": {"likelihood": "exact", "context_tokens": 1}}, ["'likelihood' must be one of elbo"]),
+    ("likelihood-without-context", "completions", {"max_tokens": 4, "vllm_xargs": {"likelihood": "elbo"}}, ["needs 'context_tokens'"]),
+    ("mc_batch-not-dividing", "completions", {"max_tokens": 4, "vllm_xargs": {"likelihood": "elbo", "context_tokens": 1, "mc_samples": 12, "mc_batch": 5}}, ["'mc_batch' (5) must divide 'mc_samples' (12)"]),
+    ("mc_samples-without-likelihood", "chat", {"max_tokens": 4, "vllm_xargs": {"mc_samples": 8}}, ["only apply with 'likelihood'"]),
+    ("likelihood-n-2", "completions", {"max_tokens": 4, "n": 2, "vllm_xargs": {"likelihood": "elbo", "context_tokens": 1}}, ["n must be 1"]),
     ("presence_penalty", "completions", {"max_tokens": 16, "presence_penalty": 0.5}, ["presence_penalty"]),
     ("frequency_penalty", "chat", {"max_tokens": 16, "frequency_penalty": 0.5}, ["frequency_penalty"]),
     ("repetition_penalty", "completions", {"max_tokens": 16, "repetition_penalty": 1.2}, ["repetition_penalty"]),
@@ -116,7 +122,8 @@ def test_bad_request_is_400_naming_the_problem(server, client, path, body, words
 
 
 # vLLM answers these differently when streaming, for every model (its own checks).
-_STREAM_SPECIFIC = {"beam-search", "empty-token-prompt", "prompt_logprobs"}
+# A streamed ELBO is refused as such before its `n` is looked at.
+_STREAM_SPECIFIC = {"beam-search", "empty-token-prompt", "prompt_logprobs", "likelihood-n-2"}
 
 
 @pytest.mark.parametrize(
@@ -160,6 +167,13 @@ def test_refused_stream_logs_one_line_not_a_traceback(server, client, path):
 def test_streaming_good_request_still_streams(server, client):
     events = sse_events(client, server, "/v1/completions", {"prompt": "hello", "max_tokens": 16, "vllm_xargs": XARGS})
     assert events and all("error" not in e for e in events)
+
+
+def test_a_streamed_likelihood_is_refused(server, client):
+    body = {"prompt": "hello there", "max_tokens": 4, "stream": True,
+            "vllm_xargs": {"likelihood": "elbo", "context_tokens": 1, "mc_samples": 4}}
+    resp = post(client, server, "/v1/completions", body, expect=None)
+    assert resp.status_code == 400 and "cannot be streamed" in resp.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("path", ["completions", "chat"])

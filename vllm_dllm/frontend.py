@@ -1,6 +1,6 @@
 """HTTP front-end checks for `vllm serve`: a `vllm.endpoint_plugins` entry point.
 
-Five gaps of vLLM 0.32's OpenAI server that request validation alone cannot close:
+Six gaps of vLLM 0.32's OpenAI server that request validation alone cannot close:
 
 - Streaming status.  vLLM runs the logits processors' `validate_params` (our
   validation.py) inside `AsyncLLM.generate`, which a streaming response only
@@ -18,6 +18,10 @@ Five gaps of vLLM 0.32's OpenAI server that request validation alone cannot clos
   logprobs rank the beams; each is a valid one-position canvas, so nothing later
   refuses it, but it is not diffusion decoding: the body's `use_beam_search` is
   answered with a 400 here.
+- The ELBO's prompt.  `vllm_xargs {"likelihood": "elbo", "context_tokens": N}` scores
+  the prompt's tokens after the first N; validation never sees the prompt, and the
+  engine's refusal of a prompt of N tokens or fewer would reach the client as a 500,
+  so a token-id prompt (what evaluation clients send) is checked here.
 - Log noise.  vLLM's stream generators log any exception of the stream with
   `logger.exception` (a 30-line ERROR traceback), a refused request's
   VLLMValidationError too, where a refused non-streaming request logs only its
@@ -104,6 +108,31 @@ class ServedModel:
             return unsupported("min_p"), "min_p"
         return None
 
+
+    @staticmethod
+    def likelihood_prompt_problem(body: Any) -> tuple[str, str] | None:
+        """An ELBO whose `context_tokens` leaves no continuation of a token-id prompt.
+        Only here does a request's prompt meet its options before the engine (whose
+        refusal would reach the client as a 500); a text prompt's tokens are vLLM's
+        to count, so its check stays with the engine."""
+        if not isinstance(body, dict) or not isinstance(body.get("vllm_xargs"), dict):
+            return None
+        from vllm_dllm.options import OptionError
+        from vllm_dllm.options.likelihood import likelihood_request, prompt_problem
+
+        try:
+            request = likelihood_request(body["vllm_xargs"])
+        except OptionError:
+            return None  # validate_params names it
+        prompt = body.get("prompt")
+        if request is None or not isinstance(prompt, list) or not prompt:
+            return None
+        for tokens in (prompt if isinstance(prompt[0], list) else [prompt]):
+            if isinstance(tokens, list) and all(type(t) is int for t in tokens):
+                problem = prompt_problem(request, len(tokens))
+                if problem:
+                    return problem, "vllm_xargs"
+        return None
 
     @staticmethod
     def beam_search_problem(body: Any) -> tuple[str, str] | None:
@@ -202,7 +231,8 @@ class DiffusionRequestGuard:
             body = json.loads(raw) if raw else None
         except ValueError:
             body = None  # vLLM answers malformed JSON itself
-        problem = served.dropped_field_problem(body) or served.beam_search_problem(body)
+        problem = (served.dropped_field_problem(body) or served.beam_search_problem(body)
+                   or served.likelihood_prompt_problem(body))
         if problem is not None:
             return await _send_json(send, 400, _error_body(*problem))
         filled = served.with_default_max_tokens(body)
