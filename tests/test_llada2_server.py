@@ -117,14 +117,19 @@ def test_inapplicable_options_are_400s(server, client, xargs, message):
     assert resp.status_code == 400 and message in resp.text, resp.text
 
 
-def test_prompt_logprobs_are_a_400_for_now(server, client):
-    # Generated-token logprobs work (tests/test_logprobs.py); the chain-rule prompt
-    # copies are not block-causal yet.
+def test_echo_with_logprobs_scores_the_prompt_and_the_elbo_is_refused(server, client):
+    # The block-causal chain rule, position by position: tests/test_logprobs.py.
     resp = client.post("/v1/completions", json={
-        "model": server.model, "prompt": [5, 6, 7], "max_tokens": 8, "echo": True, "logprobs": 1,
+        "model": server.model, "prompt": [5, 6, 7, 8], "max_tokens": 8, "echo": True, "logprobs": 1,
     })
-    assert resp.status_code == 400 and "prompt_logprobs are not supported for block-causal models" in resp.text
-
+    assert resp.status_code == 200, resp.text
+    token_logprobs = resp.json()["choices"][0]["logprobs"]["token_logprobs"]
+    assert token_logprobs[0] is None and all(lp <= 0 for lp in token_logprobs[1:4])
+    resp = client.post("/v1/completions", json={
+        "model": server.model, "prompt": [5, 6, 7, 8], "max_tokens": 8,
+        "vllm_xargs": {"likelihood": "elbo", "context_tokens": 2},
+    })
+    assert resp.status_code == 400 and "block-diffusion (LLaDA2) models have none" in resp.text, resp.text
 
 
 def test_structured_outputs_are_enforced(server, client):

@@ -339,6 +339,17 @@ def test_prompt_logprobs_follow_the_chain_rule(arch, llada, dream):
         check_rows(f"{arch} prompt of {len(prompt)}", prompt[1:], got[1:], chain, param.prompt_logprobs)
 
 
+def test_prompt_copies_are_priced_at_their_query_tokens():
+    from vllm_dllm.engine.prompt_scoring import scoring_tokens
+
+    for length in range(0, 40):
+        assert scoring_tokens([length])[0] == length * max(length - 1, 0)
+        for block in (1, 3, 4, 32):
+            # Copy j (j = 1..P-1) runs to the end of j's block.
+            want = sum((j // block + 1) * block for j in range(1, length))
+            assert scoring_tokens([length], block)[0] == want, (length, block)
+
+
 def test_prompt_logprobs_beyond_the_step_budget_are_refused(llada):
     model_dir, llm = llada
     # A 120-token prompt's 119 copies are 14280 query tokens: over the engine's budget.
@@ -382,6 +393,37 @@ def test_llada2_logprobs_are_the_last_writing_steps(llada2):
 
     compare_until(2 * len(LLADA2_CASES), lambda draw: compare_with_oracle(llm, LLADA2_CASES, rng, reference))
     assert edited > 0  # the 2.1 case's rows did come from edits
+
+
+@pytest.mark.parametrize("block_length", [4, 8])
+def test_llada2_prompt_logprobs_follow_the_block_causal_chain_rule(llada2, block_length):
+    """Position j's logprob is LLaDA2's prediction of it with positions j and after
+    masked, read block-causally as it generates: j's block (padded with masks past
+    the prompt) over the blocks before."""
+    from tests.oracle_llada2 import block_causal_mask
+
+    model_dir, llm = llada2
+    oracle = load_llada2_oracle(model_dir)
+    mask_id = json.loads((Path(model_dir) / "generation_config.json").read_text())["mask_token_id"]
+    rng = random.Random(29 + block_length)
+    prompts = [random_prompt(rng, n) for n in (2, 7, 11)]
+    xargs = {"block_length": block_length, "steps": block_length}
+    params = [SamplingParams(max_tokens=block_length, temperature=0.0, prompt_logprobs=k, extra_args=xargs)
+              for k in (0, 2, 1)]
+    plain = SamplingParams(max_tokens=block_length, temperature=0.0, extra_args=xargs)
+    outs = llm.generate([{"prompt_token_ids": p} for p in [*prompts, prompts[2]]], [*params, plain], use_tqdm=False)
+    assert outs[-1].prompt_logprobs is None
+    for prompt, param, out in zip(prompts, params, outs):
+        got = out.prompt_logprobs
+        assert len(got) == len(prompt) and got[0] is None
+        chain = {}
+        for j in range(1, len(prompt)):
+            end = (j // block_length + 1) * block_length
+            x = torch.tensor(prompt[:j] + [mask_id] * (end - j))
+            chain[j - 1] = oracle.forward(x, block_causal_mask(end, block_length))[j]
+        check_rows(f"llada2 prompt of {len(prompt)}, blocks of {block_length}", prompt[1:], got[1:], chain,
+                   param.prompt_logprobs)
+
 
 def test_logprob_steps_cost_the_same_ops_for_any_number_of_requests():
     from tests.test_step_engine import llada, llada2, make_engine as make_step_engine

@@ -82,9 +82,6 @@ class DiffusionParamsValidator(LogitsProcessor):
             )
         except OptionError as err:
             raise VLLMValidationError(str(err)) from err
-        if sampling_params.prompt_logprobs is not None and getattr(options, "block_causal", False):
-            raise VLLMValidationError("prompt_logprobs are not supported for block-causal models (LLaDA2) yet",
-                                      parameter="prompt_logprobs")
         problem = defaults.deployment_problem(options)
         if problem:
             raise VLLMValidationError(problem, parameter="cache")

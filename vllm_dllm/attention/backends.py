@@ -83,17 +83,29 @@ class TorchAttention:
             grid = q.new_zeros(num_seqs, max_q, q.shape[1], q.shape[2])
             grid[group.query_seq, group.query_row] = q
         # [S, L, H, D] -> [S, H, L, D]
+        mask = group.kv_valid[:, None, None, :]
+        if cache is None and meta.in_flight_blocks is not None:
+            mask = mask & _block_causal(meta.in_flight_blocks[group.seq_index], max_q, keys.shape[1])[:, None]
         out = F.scaled_dot_product_attention(
             grid.transpose(1, 2),
             keys.transpose(1, 2),
             values.transpose(1, 2),
-            attn_mask=group.kv_valid[:, None, None, :],
+            attn_mask=mask,
             scale=scale,
             enable_gqa=q.shape[1] != k.shape[1],
         )
         if group.uniform:
             return out.transpose(1, 2).reshape(q.shape)
         return out.transpose(1, 2)[group.query_seq, group.query_row]
+
+
+def _block_causal(block_length: torch.Tensor, queries: int, keys: int) -> torch.Tensor:
+    """bool [S, queries, keys]: in-flight sequence s's query q (at position q) may
+    attend key k when k's block is not after q's (block_length[s] == 0: always)."""
+    blocks = block_length.clamp(min=1)[:, None]
+    query_block = torch.arange(queries, device=blocks.device)[None, :] // blocks
+    key_block = torch.arange(keys, device=blocks.device)[None, :] // blocks
+    return (key_block[:, None, :] <= query_block[:, :, None]) | (block_length == 0)[:, None, None]
 
 
 class TritonAttention:
@@ -146,6 +158,7 @@ class FlashAttention:
             and head_dim <= 256
             and not meta.has_kv_offset
             and (cache is None or (cache.dtype == q.dtype and cache.shape[1] % 16 == 0))
+            and meta.in_flight_blocks is None  # block-causal copies: the torch grid's mask
         )
 
     def attend(self, q, k, v, cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:

@@ -74,6 +74,11 @@ class AttentionMetadata:
     # Every sequence is all queries and attends over its own fresh K/V; no pool is
     # read or written (prompt scoring's masked copies, engine/prompt_scoring.py).
     in_flight: bool = False
+    # In flight only: per sequence, the block length of block-causal attention (a
+    # query attends the keys of its own block and the blocks before; LLaDA2's prompt
+    # copies); 0 for a sequence that attends all its keys.  None: no sequence is
+    # block-causal.
+    in_flight_blocks: torch.Tensor | None = None
     # Sparse Refresh sequences (attention/sparse.py), after the ones above: this
     # metadata then covers only the rows before `cache_fill.row_start`.
     cache_fill: "object | None" = None

@@ -218,8 +218,6 @@ class StepEngine:
         for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
             if value is not None and not 0 <= value < self.logprobs.width:
                 raise ValueError(f"request {req_id}: {name} must be between 0 and {self.logprobs.width - 1}")
-        if prompt_logprobs is not None and is_block_causal(options):
-            raise ValueError(f"request {req_id}: prompt_logprobs are not supported for block-causal models yet")
         if likelihood is not None and (is_block_causal(options) or likelihood.request.context_tokens >= len(prompt)):
             raise ValueError(f"request {req_id}: no ELBO of its prompt: block-causal, or no continuation to score")
         slot = self._free.pop()
@@ -230,7 +228,7 @@ class StepEngine:
         self.decode.admit(slot, options, seed)
         self.rule.admit(slot, options)
         self.logprobs.admit(slot, logprobs)
-        self.prompt_scorer.admit(slot, prompt_logprobs)
+        self.prompt_scorer.admit(slot, prompt_logprobs, options.block_length if is_block_causal(options) else 0)
         self.elbo_scorer.admit(slot, likelihood)
         h = self.host
         h.prompt_len[slot] = len(prompt)

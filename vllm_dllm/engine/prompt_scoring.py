@@ -9,6 +9,10 @@ copies of a P-token prompt run in the request's first step, as one extra forward
 all scoring requests of the step whose copies attend only over their own K/V (no KV
 pool is touched), so they cost P(P - 1) query tokens, priced by the scheduler.
 
+A block-causal model (LLaDA2) predicts j from its block and the blocks before, as it
+generates: j's copy ends with j's block, padded with masks past the prompt, and
+attends block-causally, so it costs B ceil((j + 1) / B) tokens.
+
 vLLM hands prompt logprobs to the client with a request's first output tokens; a
 diffusion step may commit none, so the results wait here until the request's first
 step that streams.
@@ -29,23 +33,41 @@ from vllm_dllm.engine.step_inputs import SequenceLayout, build_step_inputs, to_d
 PromptLogprobs = tuple[np.ndarray, np.ndarray, np.ndarray]  # token ids [P-1, k+1], logprobs, ranks [P-1]
 
 
-def scoring_tokens(prompt_len: np.ndarray) -> np.ndarray:
-    """Query tokens of the masked copies of prompts of these lengths."""
-    return prompt_len * np.maximum(prompt_len - 1, 0)
+def block_end(position: np.ndarray, block_length: np.ndarray) -> np.ndarray:
+    """The end of each position's block."""
+    return (position // block_length + 1) * block_length
+
+
+def scoring_tokens(prompt_len: np.ndarray, block_length: np.ndarray | int = 0) -> np.ndarray:
+    """Query tokens of the masked copies of prompts of these lengths.  A copy is the
+    whole prompt; a block-causal one (block_length > 0) ends with the block of the
+    position it predicts, padded with masks: sum over j = 1..P-1 of B ceil((j+1)/B)."""
+    prompt_len = np.asarray(prompt_len, dtype=np.int64)
+    block = np.broadcast_to(np.asarray(block_length, dtype=np.int64), prompt_len.shape)
+    full = prompt_len * np.maximum(prompt_len - 1, 0)
+    b = np.maximum(block, 1)
+    q, r = np.divmod(prompt_len, b)
+    ceil_sum = b * q * (q + 1) // 2 + r * (q + 1)  # sum over m = 1..P of ceil(m / B)
+    return np.where(block > 0, b * np.maximum(ceil_sum - 1, 0), full)
 
 
 class PromptScorer:
     def __init__(self, capacity: int):
         self.num_logprobs = np.full(capacity, -1, dtype=np.int64)  # per slot; -1: nothing to score
+        self.block_length = np.zeros(capacity, dtype=np.int64)  # per slot: block-causal blocks, 0: none
         self.pending: dict[str, PromptLogprobs] = {}
 
     def grow_slots(self, capacity: int) -> None:
         grown = np.full(capacity, -1, dtype=np.int64)
         grown[: len(self.num_logprobs)] = self.num_logprobs
         self.num_logprobs = grown
+        blocks = np.zeros(capacity, dtype=np.int64)
+        blocks[: len(self.block_length)] = self.block_length
+        self.block_length = blocks
 
-    def admit(self, slot: int, num_logprobs: int | None) -> None:
+    def admit(self, slot: int, num_logprobs: int | None, block_length: int = 0) -> None:
         self.num_logprobs[slot] = -1 if num_logprobs is None else num_logprobs
+        self.block_length[slot] = block_length
 
     def release(self, slot: int, req_id: str) -> None:
         self.num_logprobs[slot] = -1
@@ -53,7 +75,8 @@ class PromptScorer:
 
     def step_tokens(self, slots_host: np.ndarray, prompt_len: np.ndarray) -> np.ndarray:
         """Extra query tokens of each request in this step (its copies, in its first step)."""
-        return np.where(self.num_logprobs[slots_host] >= 0, scoring_tokens(prompt_len), 0)
+        return np.where(self.num_logprobs[slots_host] >= 0,
+                        scoring_tokens(prompt_len, self.block_length[slots_host]), 0)
 
     def score(self, engine, req_ids: list[str], slots_host: np.ndarray) -> None:
         """Run the copies of every request of the step that has not been scored yet."""
@@ -84,12 +107,15 @@ class PromptScorer:
     @torch.inference_mode()
     def _run(self, engine, slots: np.ndarray, lengths: np.ndarray, copies: np.ndarray, k: int) -> PromptLogprobs:
         seq_slot = np.repeat(slots, copies)
-        seq_len = np.repeat(lengths, copies)
-        # Copy c of a prompt masks positions j = c + 1 onwards.
+        # Copy c of a prompt masks positions j = c + 1 onwards; a block-causal copy
+        # ends with j's block (nothing after it reaches j).
         first = np.repeat(np.cumsum(copies) - copies, copies)
         masked_from = np.arange(len(seq_slot)) - first + 1
+        blocks = self.block_length[seq_slot]
+        seq_len = np.where(blocks > 0, block_end(masked_from, np.maximum(blocks, 1)), np.repeat(lengths, copies))
         row_masked_from = to_device(np.repeat(masked_from, seq_len), engine.device)
-        hidden, starts = forward_prompt_copies(engine, seq_slot, lambda positions: positions >= row_masked_from)
+        hidden, starts = forward_prompt_copies(engine, seq_slot, lambda positions: positions >= row_masked_from,
+                                               seq_len=seq_len, block_length=blocks if blocks.any() else None)
         predicts = masked_from - 1 if engine.logits_shift else masked_from
         rows = to_device(starts + predicts, engine.device)
         targets = engine.prompt_tokens[to_device(seq_slot, engine.device), to_device(masked_from, engine.device)]
@@ -104,14 +130,17 @@ class PromptScorer:
 
 
 def forward_prompt_copies(
-    engine, seq_slot: np.ndarray, masked: Callable[[torch.Tensor], torch.Tensor]
+    engine, seq_slot: np.ndarray, masked: Callable[[torch.Tensor], torch.Tensor],
+    seq_len: np.ndarray | None = None, block_length: np.ndarray | None = None,
 ) -> tuple[torch.Tensor, np.ndarray]:
-    """One forward over copies of prompts: copy i is the whole prompt of slot
-    `seq_slot[i]`, with the tokens `masked(positions)` selects (bool, one per token of
-    the copies, in order) replaced by the mask token.  Each copy attends only over
-    its own K/V (in flight: no KV pool is read or written).  Returns the hidden
-    states and the first row of each copy."""
-    seq_len = engine.host.prompt_len[seq_slot]
+    """One forward over copies of prompts: copy i is the first `seq_len[i]` positions
+    (default: the whole prompt) of slot `seq_slot[i]`'s sequence, with the tokens
+    `masked(positions)` selects (bool, one per token of the copies, in order)
+    replaced by the mask token.  Each copy attends only over its own K/V (in flight:
+    no KV pool is read or written), block-causally where `block_length` > 0.
+    Returns the hidden states and the first row of each copy."""
+    if seq_len is None:
+        seq_len = engine.host.prompt_len[seq_slot]
     zeros = np.zeros(len(seq_slot), dtype=np.int64)
     layout = SequenceLayout(slot=seq_slot, twin=zeros.astype(bool), query_start=zeros, num_queries=seq_len,
                             seq_len=seq_len, kv_start=zeros)
@@ -121,7 +150,8 @@ def forward_prompt_copies(
         backend=engine.backend,
     )
     input_ids = torch.where(masked(inputs.positions), engine.ids.mask, inputs.input_ids)
-    meta = dataclasses.replace(inputs.metadata, in_flight=True)
+    blocks = None if block_length is None else to_device(block_length, engine.device)
+    meta = dataclasses.replace(inputs.metadata, in_flight=True, in_flight_blocks=blocks)
     with attention_metadata(meta), engine.model_context(len(input_ids)):
         hidden = engine.model(input_ids, inputs.positions)
     return hidden, np.cumsum(seq_len) - seq_len

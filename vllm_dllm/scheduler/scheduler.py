@@ -252,9 +252,8 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
         prompt_len = request.num_prompt_tokens
         scoring, parts = 0, []
         if params.prompt_logprobs is not None:
-            if is_block_causal(options):
-                return 0, "prompt_logprobs are not supported for block-causal models (LLaDA2) yet"
-            copies = int(scoring_tokens(np.array([prompt_len]))[0])
+            block = options.block_length if is_block_causal(options) else 0
+            copies = int(scoring_tokens(np.array([prompt_len]), block)[0])
             scoring += copies
             parts.append(f"prompt_logprobs of a {prompt_len}-token prompt run {prompt_len - 1} masked copies "
                          f"of it ({copies} tokens)")
