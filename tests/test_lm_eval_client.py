@@ -190,6 +190,15 @@ def test_response_without_estimate_is_an_error(stub, monkeypatch):
         model.loglikelihood(requests_for(PAIRS[:1]), disable_tqdm=True)
 
 
+def test_a_single_sample_estimate_has_no_error():
+    # One Monte-Carlo sample (LLaDA's setting for single-token choices) has no
+    # standard error: the server sends null.
+    response = {"kv_transfer_params": {"likelihood": {
+        "estimator": "elbo", "loglikelihood": -1.5, "standard_error": None, "mc_samples": 1,
+        "context_tokens": 4, "continuation_tokens": 1}}}
+    assert dllm_lm_eval.parse_elbo(response, 4) == (-1.5, None, 1, 4, 1)
+
+
 @pytest.mark.parametrize("model_args,problem", [
     ({"estimator": "exact"}, "estimator='exact'"), ({"mc_samples": 0}, "mc_samples=0"),
     ({"mc_samples": 128, "mc_batch": 48}, "mc_batch=48"),

@@ -14,7 +14,8 @@ returns it.  Everything else is `local-completions` unchanged
 Model args: those of local-completions, plus
     estimator   "elbo" (default) or "chain" (exactly local-completions' loglikelihood)
     mc_samples  Monte-Carlo samples per request (default 128)
-    mc_batch    optional; samples per forward pass, must divide mc_samples
+    mc_batch    optional; samples per stratified batch of mask ratios (the official
+                codes' batch_size; server default 32), must divide mc_samples
     seed        local-completions' own (default 1234), sent with every request: the seed
                 of the server's Monte-Carlo masks, the same for all requests
 
@@ -70,7 +71,7 @@ class LikelihoodRequestError(RuntimeError):
 
 class ElboEstimate(NamedTuple):
     loglikelihood: float
-    standard_error: float
+    standard_error: float | None  # None from a single sample
     mc_samples: int
     context_tokens: int
     continuation_tokens: int
@@ -83,7 +84,8 @@ def parse_elbo(response: dict, context_tokens: int) -> ElboEstimate:
         raise LikelihoodRequestError(
             "the server answered without an ELBO estimate (no kv_transfer_params.likelihood): is it "
             "`vllm serve` with VLLM_PLUGINS=dllm and a plugin version that has the estimator?")
-    estimate = ElboEstimate(float(likelihood["loglikelihood"]), float(likelihood["standard_error"]),
+    error = likelihood.get("standard_error")
+    estimate = ElboEstimate(float(likelihood["loglikelihood"]), None if error is None else float(error),
                             int(likelihood["mc_samples"]), int(likelihood["context_tokens"]),
                             int(likelihood["continuation_tokens"]))
     if estimate.context_tokens != context_tokens:
@@ -174,7 +176,7 @@ class DiffusionCompletionsAPI(LocalCompletionsAPI):
             else:
                 if response.ok:
                     estimate = parse_elbo(response.json(), context_tokens)
-                    logger.debug("ELBO %.4f +- %.4f (%d samples, %d + %d tokens)", *estimate)
+                    logger.debug("ELBO %.4f +- %s (%d samples, %d + %d tokens)", *estimate)
                     return estimate
                 if response.status_code < 500 or last:
                     raise LikelihoodRequestError(error_message(response))
@@ -196,7 +198,8 @@ def lm_eval_argv(argv: Sequence[str]) -> list[str]:
     parser.add_argument("--estimator", choices=ESTIMATORS,
                         help="loglikelihood estimator (model default: elbo; chain = stock local-completions)")
     parser.add_argument("--mc-samples", type=int, help="Monte-Carlo samples per ELBO request (model default: 128)")
-    parser.add_argument("--mc-batch", type=int, help="samples per forward pass; must divide --mc-samples")
+    parser.add_argument("--mc-batch", type=int,
+                        help="samples per stratified batch of mask ratios; must divide --mc-samples")
     ours, rest = parser.parse_known_args(argv)
     if rest[:1] == ["run"]:
         rest = rest[1:]
