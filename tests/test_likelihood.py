@@ -30,8 +30,11 @@ def test_a_request_without_the_keys_asks_for_nothing():
 
 def test_defaults_follow_the_official_evaluations():
     assert likelihood_request({"likelihood": "elbo", "context_tokens": 5}) == LikelihoodRequest("elbo", 5, 128, 32)
-    # Fewer samples than LLaDA's batch of 32: one batch of them all.
+    # Fewer samples than LLaDA's batch of 32: one batch of them all; a count 32 does not
+    # divide: the largest batch that does.
     assert likelihood_request({"likelihood": "elbo", "context_tokens": 0, "mc_samples": 8}).mc_batch == 8
+    assert likelihood_request({"likelihood": "elbo", "context_tokens": 0, "mc_samples": 100}).mc_batch == 4
+    assert likelihood_request({"likelihood": "elbo", "context_tokens": 0, "mc_samples": 96}).mc_batch == 32
     assert likelihood_request({"likelihood": "elbo", "context_tokens": 2, "mc_samples": 12,
                                "mc_batch": 4}) == LikelihoodRequest("elbo", 2, 12, 4)
 

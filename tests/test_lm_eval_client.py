@@ -142,6 +142,12 @@ def test_elbo_payloads_and_results(stub, tokenizer, batch_size, num_concurrent):
     assert sorted(e.standard_error for e in model.elbo_estimates) == sorted(0.01 * n for n in continuation_tokens)
 
 
+def test_an_empty_continuation_needs_no_request(stub):
+    model = make_model(stub, mc_samples=8)
+    assert model.loglikelihood(requests_for([("The sum of 12 and 30 is", "")]), disable_tqdm=True) == [(0.0, False)]
+    assert stub.payloads == []
+
+
 def test_elbo_default_sample_count_and_no_mc_batch(stub):
     model = make_model(stub)
     model.loglikelihood(requests_for(PAIRS[:1]), disable_tqdm=True)

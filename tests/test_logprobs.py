@@ -144,16 +144,17 @@ DREAM_CASES = [
 
 
 def official_elbo(model, prompt: list[int], context: int, recipe: str, masked: torch.Tensor, mask_id: int,
-                  dream_p: torch.Tensor | None = None, cfg: float = 0.0) -> tuple[float, list[float]]:
+                  eos_id: int, dream_p: torch.Tensor | None = None, cfg: float = 0.0) -> tuple[float, list[float]]:
     """eval_llada.py's `get_loglikelihood` / Dream's `_eval_target_nll_mc`, given the
     samples' masks (and Dream's per-sample masking probabilities): per sample the
     masked tokens' cross-entropy / p_mask (LLaDA: l / L), negated; LLaDA's guidance
-    masks the context of an unconditional copy, Dream's logits are shifted
-    (position j read from row j - 1)."""
+    masks the context of an unconditional copy; Dream scores the prompt followed by
+    EOS (its `_encode_pair`) and its logits are shifted (position j read from row j - 1)."""
     length = len(prompt) - context
+    sequence = prompt + [eos_id] if recipe == "dream" else prompt
     values = []
     for i, row in enumerate(masked):
-        seq = torch.tensor([prompt])
+        seq = torch.tensor([sequence])
         noisy = torch.where(row[None], mask_id, seq)
         logits = model.forward(noisy)[0]
         if cfg > 0:
@@ -191,9 +192,9 @@ def check_elbo_against_the_recipe(case, served) -> None:
                         [params, *beside], use_tqdm=False)
     got = outs[0].kv_transfer_params["likelihood"]
     assert all(out.kv_transfer_params is None for out in outs[1:])
-    draw = draw_samples(arch, 21, length, context, samples, batch)
-    want, values = official_elbo(model, prompt, context, arch, draw.masked, ids["mask"], dream_p=1 / draw.weight,
-                                 cfg=options.get("cfg_scale", 0.0))
+    draw = draw_samples(arch, 21, length + (arch == "dream"), context, samples, batch)
+    want, values = official_elbo(model, prompt, context, arch, draw.masked, ids["mask"], ids["eos"],
+                                 dream_p=1 / draw.weight, cfg=options.get("cfg_scale", 0.0))
     assert got["loglikelihood"] == pytest.approx(want, abs=2e-4 * max(1.0, abs(want)))
     assert got["standard_error"] == pytest.approx(estimate(values)[1], abs=2e-4 * max(1.0, abs(want)))
     assert {k: got[k] for k in ("estimator", "mc_samples", "mc_batch", "context_tokens", "continuation_tokens")} == {
@@ -204,23 +205,25 @@ def check_elbo_against_the_recipe(case, served) -> None:
         assert got["standard_error"] == pytest.approx(0.0, abs=1e-6)
 
 
-def exact_expectations(model, prompt: list[int], context: int, mask_id: int, shift: bool) -> dict[str, float]:
+def exact_expectations(model, prompt: list[int], context: int, mask_id: int, eos_id: int,
+                       shift: bool) -> dict[str, float]:
     """The estimators' expected values, by enumerating every mask of the continuation.
 
     LLaDA: the count l is uniform on 1..L (each sample's stratified count is, over
     the batch's k, when mc_batch divides L) and the set uniform among those of size
     l: E = sum_l (1/L)(L/l) mean_{|M|=l} S(M).  Dream: every position but the last
-    masked with probability p = eps + (1 - eps) t, t uniform: E = int p^(|M|-1)
-    (1 - p)^(L'-|M|) S(M) dt summed over sets, S(M) the masked log-probabilities."""
+    masked with probability p = eps + (1 - eps) t, t uniform, in the prompt followed by
+    EOS: E = int p^(|M|-1) (1 - p)^(L-|M|) S(M) dt summed over sets, S(M) the masked
+    log-probabilities."""
     from itertools import combinations
 
     from vllm_dllm.decoding.elbo import DREAM_EPS
 
     length = len(prompt) - context
-    seq = torch.tensor([prompt])
+    seq = torch.tensor([prompt + [eos_id]] if shift else [prompt])
 
     def masked_logprob(positions) -> float:
-        row = torch.zeros(len(prompt), dtype=torch.bool)
+        row = torch.zeros(seq.shape[1], dtype=torch.bool)
         row[list(positions)] = True
         logits = model.forward(torch.where(row[None], mask_id, seq))[0].double()
         if shift:
@@ -231,7 +234,7 @@ def exact_expectations(model, prompt: list[int], context: int, mask_id: int, shi
     continuation = range(context, len(prompt))
     llada = sum((1 / length) * (length / size) * sum(masked_logprob(m) for m in combinations(continuation, size))
                 / math.comb(length, size) for size in range(1, length + 1))
-    scorable = [j for j in continuation if j not in (0, len(prompt) - 1)]
+    scorable = [j for j in continuation if j != 0]  # the appended EOS is never masked
     p = np.linspace(DREAM_EPS, 1.0, 200001)
     dream = 0.0
     for size in range(1, len(scorable) + 1):
@@ -247,8 +250,8 @@ def check_elbo_centres_on_its_expectation(arch: str, served) -> None:
     ids = llada_ids(model_dir)
     model = oracle_model.load_oracle(model_dir)
     prompt = random_prompt(random.Random(5), 7)
-    context = 3  # L = 4 (Dream scores 3: never the last position)
-    exact = exact_expectations(model, prompt, context, ids["mask"], shift=arch == "dream")[arch]
+    context = 3  # L = 4
+    exact = exact_expectations(model, prompt, context, ids["mask"], ids["eos"], shift=arch == "dream")[arch]
     seeds = list(range(12))
     params = [SamplingParams(max_tokens=4, temperature=0.0, seed=seed,
                              extra_args={"steps": 4, "block_length": 4, "likelihood": "elbo",

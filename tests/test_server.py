@@ -244,8 +244,17 @@ def test_elbo_of_a_continuation_comes_back_with_the_response(server, client, tok
     again = complete(client, server, prompt=context + encode(tokenizer, " mat"), **body)
     assert again["kv_transfer_params"]["likelihood"]["loglikelihood"] == pytest.approx(estimate["loglikelihood"],
                                                                                        rel=1e-5)
-    # The response is otherwise an ordinary completion.
+    # The response is otherwise an ordinary completion, and keeps the estimate when
+    # a stop string (found by vLLM's front end, not the engine) ends it.
     assert one["choices"][0]["finish_reason"] in ("length", "stop")
+    generating = {**body, "max_tokens": 16, "vllm_xargs": {**body["vllm_xargs"], "steps": 16, "block_length": 16}}
+    text = complete(client, server, prompt=context + encode(tokenizer, " mat"), **generating)["choices"][0]["text"]
+    stop = text.strip()[:2]
+    assert stop, text
+    stopped = complete(client, server, prompt=context + encode(tokenizer, " mat"), **generating, stop=[stop])
+    assert stopped["choices"][0]["finish_reason"] == "stop" and stopped["choices"][0]["stop_reason"] == stop
+    assert stopped["kv_transfer_params"]["likelihood"]["loglikelihood"] == pytest.approx(
+        estimate["loglikelihood"], rel=1e-5)
     # A continuation past the prompt's end is named.
     resp = post(client, server, "/v1/completions",
                 {"prompt": context, **body, "vllm_xargs": {**body["vllm_xargs"], "context_tokens": len(context)}},

@@ -85,6 +85,7 @@ BAD_REQUESTS = [
     ("likelihood-without-context", "completions", {"max_tokens": 4, "vllm_xargs": {"likelihood": "elbo"}}, ["needs 'context_tokens'"]),
     ("mc_batch-not-dividing", "completions", {"max_tokens": 4, "vllm_xargs": {"likelihood": "elbo", "context_tokens": 1, "mc_samples": 12, "mc_batch": 5}}, ["'mc_batch' (5) must divide 'mc_samples' (12)"]),
     ("mc_samples-without-likelihood", "chat", {"max_tokens": 4, "vllm_xargs": {"mc_samples": 8}}, ["only apply with 'likelihood'"]),
+    ("likelihood-two-prompts", "completions", {"prompt": ["hello", "there"], "max_tokens": 4, "vllm_xargs": {"likelihood": "elbo", "context_tokens": 1}}, ["'likelihood' is returned once per response: send one prompt per request, not 2"]),
     ("likelihood-n-2", "completions", {"max_tokens": 4, "n": 2, "vllm_xargs": {"likelihood": "elbo", "context_tokens": 1}}, ["n must be 1"]),
     ("presence_penalty", "completions", {"max_tokens": 16, "presence_penalty": 0.5}, ["presence_penalty"]),
     ("frequency_penalty", "chat", {"max_tokens": 16, "frequency_penalty": 0.5}, ["frequency_penalty"]),

@@ -127,11 +127,16 @@ class ServedModel:
         prompt = body.get("prompt")
         if request is None or not isinstance(prompt, list) or not prompt:
             return None
-        for tokens in (prompt if isinstance(prompt[0], list) else [prompt]):
-            if isinstance(tokens, list) and all(type(t) is int for t in tokens):
-                problem = prompt_problem(request, len(tokens))
-                if problem:
-                    return problem, "vllm_xargs"
+        if isinstance(prompt[0], (list, str)) and len(prompt) > 1:
+            # vLLM's completions response carries kv_transfer_params once, its first
+            # prompt's: the other estimates would be computed and dropped.
+            return ("'likelihood' is returned once per response: send one prompt per request, "
+                    f"not {len(prompt)}", "prompt")
+        tokens = prompt[0] if isinstance(prompt[0], list) else prompt
+        if all(type(t) is int for t in tokens):
+            problem = prompt_problem(request, len(tokens))
+            if problem:
+                return problem, "vllm_xargs"
         return None
 
     @staticmethod

@@ -146,17 +146,23 @@ class DiffusionCompletionsAPI(LocalCompletionsAPI):
                         "num_concurrent=%d at a time", self._batch_size, self._concurrent)
         # local-completions' own left truncation to max_length and context length.
         prompts, context_lengths, cache_keys = self.batch_loglikelihood_requests([token_requests])
+        # Left truncation can eat into the continuation (lm-eval's context length then
+        # goes negative): what is left is scored with no context.  An empty
+        # continuation has log-likelihood 0 and needs no request.
+        context_lengths = [max(n, 0) for n in context_lengths]
         with ThreadPoolExecutor(max_workers=max(1, self._concurrent)) as pool:
-            futures = [pool.submit(self._request_elbo, prompt, n) for prompt, n in zip(prompts, context_lengths)]
+            futures = [pool.submit(self._request_elbo, prompt, n) if n < len(prompt) else None
+                       for prompt, n in zip(prompts, context_lengths)]
             try:
-                estimates = [future.result() for future in
+                estimates = [None if future is None else future.result() for future in
                              tqdm(futures, desc="Requesting ELBO", disable=disable_tqdm)]
             except BaseException:
                 for future in futures:
-                    future.cancel()
+                    if future is not None:
+                        future.cancel()
                 raise
-        self.elbo_estimates.extend(estimates)
-        answers = [(estimate.loglikelihood, False) for estimate in estimates]
+        self.elbo_estimates.extend(e for e in estimates if e is not None)
+        answers = [(0.0 if estimate is None else estimate.loglikelihood, False) for estimate in estimates]
         for answer, cache_key in zip(answers, cache_keys):
             if cache_key is not None:  # None: a loglikelihood_rolling window
                 self.cache_hook.add_partial("loglikelihood", cache_key, answer)

@@ -8,7 +8,8 @@ the masked rows through the chunked LM head, and each request's samples reduce t
 its mean and standard error with one copy to the host.  With LLaDA's classifier-free
 guidance every sample has a twin whose context is masked too, and the logits are
 un + (cfg + 1)(cond - un), as eval_llada.py's `get_logits`.  A request's copies cost
-mc_samples x prompt tokens (twice with guidance), priced by the scheduler.
+mc_samples x prompt tokens (Dream: one more, its recipe's EOS; twice with guidance),
+priced by the scheduler.
 """
 
 from __future__ import annotations
@@ -45,9 +46,15 @@ def elbo_task(kind: str, options, extra_args: dict | None, seed: int) -> ElboTas
     return ElboTask(RECIPE_OF_KIND[kind], request, seed, float(getattr(options, "cfg_scale", 0.0)))
 
 
-def elbo_tokens(prompt_len: int, request: LikelihoodRequest, cfg: bool) -> int:
+def scored_length(recipe: str, prompt_len: int) -> int:
+    """The length of each sample's copy: Dream's recipe scores the prompt followed by
+    an EOS (eval/eval.py's `_encode_pair`), which it never masks."""
+    return prompt_len + 1 if recipe == "dream" else prompt_len
+
+
+def elbo_tokens(recipe: str, prompt_len: int, request: LikelihoodRequest, cfg: bool) -> int:
     """Query tokens of a request's ELBO samples."""
-    return request.mc_samples * prompt_len * (2 if cfg else 1)
+    return request.mc_samples * scored_length(recipe, prompt_len) * (2 if cfg else 1)
 
 
 def summary(task: ElboTask, prompt_len: int, values: torch.Tensor) -> dict:
@@ -82,7 +89,7 @@ class ElboScorer:
         if not self.tasks:
             return np.zeros(len(slots_host), dtype=np.int64)
         return np.array([
-            elbo_tokens(int(n), t.request, t.copies == 2) if (t := self.tasks.get(int(s))) else 0
+            elbo_tokens(t.recipe, int(n), t.request, t.copies == 2) if (t := self.tasks.get(int(s))) else 0
             for s, n in zip(slots_host.tolist(), prompt_len.tolist())
         ], dtype=np.int64)
 
@@ -100,69 +107,64 @@ class ElboScorer:
     @torch.inference_mode()
     def _run(self, engine, slots: list[int], lengths: list[int], tasks: list[ElboTask]) -> list[torch.Tensor]:
         device = engine.device
+        scored = [scored_length(t.recipe, n) for t, n in zip(tasks, lengths)]
         draws = [draw_samples(t.recipe, t.seed, n, t.request.context_tokens, t.request.mc_samples, t.request.mc_batch)
-                 for t, n in zip(tasks, lengths)]
+                 for t, n in zip(tasks, scored)]
         # Copies in order: each request's samples, then (with guidance) their twins,
-        # whose context is masked as well.
-        masks, seq_slot, sample_of_copy = [], [], []
-        first_sample = np.cumsum([0] + [t.request.mc_samples for t in tasks])
-        for slot, n, task, draw, first in zip(slots, lengths, tasks, draws, first_sample.tolist()):
+        # whose context is masked as well; Dream's copies end with the EOS its recipe
+        # appends (never masked).
+        masks, eos, seq_slot, seq_len = [], [], [], []
+        for slot, n, length, task, draw in zip(slots, lengths, scored, tasks, draws):
             samples = task.request.mc_samples
-            masks.append(draw.masked.reshape(-1))
-            seq_slot += [slot] * samples
-            sample_of_copy += range(first, first + samples)
-            if task.copies == 2:
-                twin = draw.masked.clone()
-                twin[:, : task.request.context_tokens] = True
-                masks.append(twin.reshape(-1))
+            twin = draw.masked.clone()
+            twin[:, : task.request.context_tokens] = True
+            for copy in (draw.masked, twin)[: task.copies]:
+                masks.append(copy.reshape(-1))
+                eos.append((torch.arange(length) >= n).repeat(samples))
                 seq_slot += [slot] * samples
-                sample_of_copy += range(first, first + samples)
-        masked = to_device(torch.cat(masks), device)
-        hidden, starts = forward_prompt_copies(engine, np.array(seq_slot, dtype=np.int64), lambda _: masked)
+                seq_len += [length] * samples
+        masked, at_eos = to_device(torch.cat(masks), device), to_device(torch.cat(eos), device)
 
-        # The scored rows: every masked position of each sample (its guided twin's
-        # row beside it), as (sample, position).
-        sample_rows, positions, twin_rows, scale = [], [], [], []
-        copy = 0
-        for n, task, draw, first in zip(lengths, tasks, draws, first_sample.tolist()):
-            sample, position = torch.nonzero(draw.masked, as_tuple=True)
+        def tokens(positions, input_ids):
+            return torch.where(masked, engine.ids.mask, torch.where(at_eos, engine.ids.eos, input_ids))
+
+        hidden, starts = forward_prompt_copies(engine, np.array(seq_slot, dtype=np.int64), tokens,
+                                               seq_len=np.array(seq_len, dtype=np.int64))
+
+        # The scored rows: every masked position of each sample, as (sample, position),
+        # and where the conditional copy (and its guided twin) reads it.
+        sample_rows, positions, row_slot, cond_rows, uncond_rows, row_cfg = [], [], [], [], [], []
+        first_copy = first_sample = 0
+        for slot, task, draw in zip(slots, tasks, draws):
             samples = task.request.mc_samples
-            sample_rows.append(sample + first)
-            positions.append(position)
+            sample, position = torch.nonzero(draw.masked, as_tuple=True)
             read = position - 1 if engine.logits_shift else position
-            cond = torch.as_tensor(starts[copy : copy + samples])[sample] + read
-            twin_rows.append(torch.stack([cond, torch.as_tensor(starts[copy + samples : copy + 2 * samples])[sample]
-                                          + read]) if task.copies == 2 else torch.stack([cond, cond]))
-            scale.append(torch.full((len(sample),), task.cfg_scale, dtype=torch.float32))
-            copy += samples * task.copies
-        sample_rows = torch.cat(sample_rows)
-        rows = to_device(torch.cat(twin_rows, dim=1), device)  # [2, R]: conditional, unconditional
-        cfg = to_device(torch.cat(scale), device)
-        targets = engine.prompt_tokens[to_device(torch.as_tensor(seq_slot)[_copy_of(sample_rows, tasks)], device),
-                                       to_device(torch.cat(positions), device)]
-        logprobs = torch.empty(rows.shape[1], dtype=torch.float64, device=device)
+            cond = torch.as_tensor(starts[first_copy : first_copy + samples])[sample] + read
+            uncond = (torch.as_tensor(starts[first_copy + samples : first_copy + 2 * samples])[sample] + read
+                      if task.copies == 2 else cond)
+            sample_rows.append(sample + first_sample)
+            positions.append(position)
+            row_slot.append(torch.full_like(position, slot))
+            cond_rows.append(cond)
+            uncond_rows.append(uncond)
+            row_cfg.append(torch.full((len(sample),), task.cfg_scale, dtype=torch.float32))
+            first_copy += samples * task.copies
+            first_sample += samples
+        cond_rows, uncond_rows = to_device(torch.cat(cond_rows), device), to_device(torch.cat(uncond_rows), device)
+        cfg = to_device(torch.cat(row_cfg), device)
+        targets = engine.prompt_tokens[to_device(torch.cat(row_slot), device), to_device(torch.cat(positions), device)]
+        logprobs = torch.empty(len(cond_rows), dtype=torch.float64, device=device)
         guided = any(task.copies == 2 for task in tasks)
         step = max(engine.max_num_logits // 2, 1) if guided else engine.max_num_logits
-        for start in range(0, rows.shape[1], step):
+        for start in range(0, len(cond_rows), step):
             chunk = slice(start, start + step)
-            logits = engine.model.compute_logits(hidden[rows[0, chunk]]).float()
+            logits = engine.model.compute_logits(hidden[cond_rows[chunk]]).float()
             if guided:
-                uncond = engine.model.compute_logits(hidden[rows[1, chunk]]).float()
+                uncond = engine.model.compute_logits(hidden[uncond_rows[chunk]]).float()
                 scale = cfg[chunk, None]
                 logits = torch.where(scale > 0, uncond + (scale + 1) * (logits - uncond), logits)
             logprobs[chunk] = logits.log_softmax(dim=-1).gather(1, targets[chunk, None])[:, 0].double()
+        totals = torch.zeros(first_sample, dtype=torch.float64, device=device)
+        totals.index_add_(0, to_device(torch.cat(sample_rows), device), logprobs)
         weights = torch.cat([d.weight for d in draws])
-        totals = torch.zeros(int(first_sample[-1]), dtype=torch.float64, device=device)
-        totals.index_add_(0, to_device(sample_rows, device), logprobs)
-        values = (totals.cpu() * weights).split([t.request.mc_samples for t in tasks])
-        return list(values)
-
-
-def _copy_of(sample_rows: torch.Tensor, tasks: list[ElboTask]) -> torch.Tensor:
-    """The index in the copies list of each global sample's conditional copy."""
-    offsets, copy = [], 0
-    for task in tasks:
-        samples = task.request.mc_samples
-        offsets.append(torch.arange(samples) + copy)
-        copy += samples * task.copies
-    return torch.cat(offsets)[sample_rows]
+        return list((totals.cpu() * weights).split([t.request.mc_samples for t in tasks]))

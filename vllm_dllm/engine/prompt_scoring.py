@@ -114,8 +114,9 @@ class PromptScorer:
         blocks = self.block_length[seq_slot]
         seq_len = np.where(blocks > 0, block_end(masked_from, np.maximum(blocks, 1)), np.repeat(lengths, copies))
         row_masked_from = to_device(np.repeat(masked_from, seq_len), engine.device)
-        hidden, starts = forward_prompt_copies(engine, seq_slot, lambda positions: positions >= row_masked_from,
-                                               seq_len=seq_len, block_length=blocks if blocks.any() else None)
+        hidden, starts = forward_prompt_copies(
+            engine, seq_slot, lambda positions, ids: torch.where(positions >= row_masked_from, engine.ids.mask, ids),
+            seq_len=seq_len, block_length=blocks if blocks.any() else None)
         predicts = masked_from - 1 if engine.logits_shift else masked_from
         rows = to_device(starts + predicts, engine.device)
         targets = engine.prompt_tokens[to_device(seq_slot, engine.device), to_device(masked_from, engine.device)]
@@ -130,15 +131,15 @@ class PromptScorer:
 
 
 def forward_prompt_copies(
-    engine, seq_slot: np.ndarray, masked: Callable[[torch.Tensor], torch.Tensor],
+    engine, seq_slot: np.ndarray, tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     seq_len: np.ndarray | None = None, block_length: np.ndarray | None = None,
 ) -> tuple[torch.Tensor, np.ndarray]:
     """One forward over copies of prompts: copy i is the first `seq_len[i]` positions
-    (default: the whole prompt) of slot `seq_slot[i]`'s sequence, with the tokens
-    `masked(positions)` selects (bool, one per token of the copies, in order)
-    replaced by the mask token.  Each copy attends only over its own K/V (in flight:
-    no KV pool is read or written), block-causally where `block_length` > 0.
-    Returns the hidden states and the first row of each copy."""
+    (default: the whole prompt) of slot `seq_slot[i]`'s sequence, its tokens edited
+    by `tokens(positions, input_ids)` (one per token of the copies, in order: which
+    to mask, what to put past the prompt).  Each copy attends only over its own K/V
+    (in flight: no KV pool is read or written), block-causally where `block_length`
+    > 0.  Returns the hidden states and the first row of each copy."""
     if seq_len is None:
         seq_len = engine.host.prompt_len[seq_slot]
     zeros = np.zeros(len(seq_slot), dtype=np.int64)
@@ -149,7 +150,7 @@ def forward_prompt_copies(
         block_table=engine.block_table, block_size=engine.block_size, mask_id=engine.ids.mask,
         backend=engine.backend,
     )
-    input_ids = torch.where(masked(inputs.positions), engine.ids.mask, inputs.input_ids)
+    input_ids = tokens(inputs.positions, inputs.input_ids)
     blocks = None if block_length is None else to_device(block_length, engine.device)
     meta = dataclasses.replace(inputs.metadata, in_flight=True, in_flight_blocks=blocks)
     with attention_metadata(meta), engine.model_context(len(input_ids)):

@@ -10,6 +10,7 @@ option, so `resolve` never sees them (`decoding_args`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,7 +72,8 @@ def likelihood_request(extra_args: dict[str, Any] | None) -> LikelihoodRequest |
                           "the scored continuation is conditioned on")
     context = _count("context_tokens", given["context_tokens"], 0)
     samples = _count("mc_samples", given.get("mc_samples", DEFAULT_MC_SAMPLES), 1, MAX_MC_SAMPLES)
-    batch = _count("mc_batch", given.get("mc_batch", min(DEFAULT_MC_BATCH, samples)), 1, samples)
+    # Unless asked, the official batch of 32, or the largest that divides the samples.
+    batch = _count("mc_batch", given.get("mc_batch", math.gcd(DEFAULT_MC_BATCH, samples)), 1, samples)
     if samples % batch:
         raise OptionError(f"'mc_batch' ({batch}) must divide 'mc_samples' ({samples})")
     return LikelihoodRequest(estimator, context, samples, batch)

@@ -28,7 +28,7 @@ from vllm_dllm.engine.prompt_scoring import scoring_tokens
 from vllm_dllm.kv_footprint import request_slots
 from vllm_dllm.metrics import StepStats
 from vllm_dllm.options import DecodeOptions, OptionError, resolve, sequence_copies
-from vllm_dllm.options.likelihood import likelihood_request
+from vllm_dllm.options.likelihood import RECIPE_OF_KIND, likelihood_request
 from vllm_dllm.options.likelihood import model_problem as likelihood_model_problem
 from vllm_dllm.options.likelihood import prompt_problem as likelihood_prompt_problem
 from vllm_dllm.phases import (
@@ -77,7 +77,7 @@ class RequestTrack:
     prefilled: int = 0  # block-causal, no cache yet: positions whose K/V its blocks hold
     chunk: int = 0  # block-causal: the server's prefill chunk (phases.block_causal_phase)
     cached: int = 0  # block-causal: positions offered to vLLM's prefix cache so far
-    scoring: int = 0  # query tokens of its prompt_logprobs copies, run with its first step
+    scoring: int = 0  # query tokens of its prompt_logprobs copies and ELBO samples, run with its first step
 
     @property
     def canvas(self) -> int:
@@ -265,7 +265,7 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             problem = likelihood_model_problem(self.defaults.kind) or likelihood_prompt_problem(likelihood, prompt_len)
             if problem:
                 return 0, problem
-            samples = elbo_tokens(prompt_len, likelihood, options.uses_cfg)
+            samples = elbo_tokens(RECIPE_OF_KIND[self.defaults.kind], prompt_len, likelihood, options.uses_cfg)
             scoring += samples
             twins = " and their guided twins" if options.uses_cfg else ""
             parts.append(f"the ELBO of a {prompt_len}-token prompt runs {likelihood.mc_samples} masked copies "
@@ -540,15 +540,17 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
         return outputs
 
     def _attach_likelihoods(self, outputs: dict[int, EngineCoreOutputs]) -> None:
-        """A request's ELBO goes out with its final output, in the field vLLM passes
-        from the engine to the response as it is (`kv_transfer_params`)."""
+        """A request's ELBO rides every output of it from its scoring step on, in the
+        field vLLM passes from the engine to the response as it is
+        (`kv_transfer_params`): the front end may end the request on any of them (a
+        stop string), and its final response takes that output's field."""
         for engine_outputs in outputs.values():
             for output in engine_outputs.outputs:
-                if output.finish_reason is not None and output.request_id in self._likelihoods:
-                    value = self._likelihoods.pop(output.request_id)
+                value = self._likelihoods.get(output.request_id)
+                if value is not None:
                     output.kv_transfer_params = {**(output.kv_transfer_params or {}), "likelihood": value}
         for req_id in [r for r in self._likelihoods if r not in self.requests]:
-            del self._likelihoods[req_id]  # aborted before it finished
+            del self._likelihoods[req_id]  # finished, or aborted
 
     def _measure_step(self, scheduler_output, model_runner_output) -> StepStats | None:
         """Advance each scheduled request's step and count what the step did."""
