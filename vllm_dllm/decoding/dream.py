@@ -64,6 +64,11 @@ class DreamRule(parallel.ParallelDecoding, BatchedRule):
         self.block_length = torch.ones(cap, dtype=torch.long, device=device)
         self.filtered_host = np.zeros(cap, dtype=bool)
         self.filtered = False
+        # Host copies: a step whose requests use neither `origin` nor `alg_temp`
+        # skips their per-position draws, without a device sync.
+        self.origin_host = np.zeros(cap, dtype=bool)
+        self.alg_temp_host = np.zeros(cap, dtype=bool)
+        self.flips = self.selects = True
         self.parallel = parallel.ParallelParams(cap, device, state.canvas.shape[1])
 
     def admit(self, slot: int, options: DreamOptions) -> None:
@@ -72,6 +77,8 @@ class DreamRule(parallel.ParallelDecoding, BatchedRule):
         self.top_p[slot] = 1.0 if options.top_p is None else options.top_p
         self.top_k[slot] = options.top_k or 0
         self.filtered_host[slot] = options.top_p is not None or options.top_k is not None
+        self.origin_host[slot] = options.alg == "origin"
+        self.alg_temp_host[slot] = bool(options.alg_temp)
         self.parallel.admit(slot, options)
         steps = options.steps_per_block
         if steps > self.fractions.shape[1]:
@@ -83,7 +90,10 @@ class DreamRule(parallel.ParallelDecoding, BatchedRule):
 
     def prepare(self, slots_host) -> None:
         super().prepare(slots_host)
-        self.filtered = bool(self.filtered_host[np.asarray(slots_host)].any())
+        slots_host = np.asarray(slots_host)
+        self.filtered = bool(self.filtered_host[slots_host].any())
+        self.flips = bool(self.origin_host[slots_host].any())
+        self.selects = bool(self.alg_temp_host[slots_host].any())
         self.parallel.prepare(slots_host)
 
     def _position_draws(self, slots: torch.Tensor, width: int, stream: int, dtype: torch.dtype) -> torch.Tensor:
@@ -106,12 +116,14 @@ class DreamRule(parallel.ParallelDecoding, BatchedRule):
         masked = state.masked(slots, width) & in_block
         last = step >= state.steps_per_block[slots] - 1
         fraction = self.fractions[slots].gather(1, step.clamp(max=self.fractions.shape[1] - 1)[:, None]).squeeze(1)
+        num_masked = masked.sum(dim=1)
+        scheduled = torch.where(last, num_masked, (num_masked.float() / 1 * fraction).long())
+        if not self.flips:
+            return StepPlan(candidates=masked, count=scheduled)
         # origin: every masked position flips independently; only flipped ones commit.
         flips = self._position_draws(slots, width, sampling.FLIP, torch.float32) < fraction[:, None]
         origin = self.alg[slots] == ORIGIN
         candidates = masked & (~origin | last)[:, None] | masked & flips & origin[:, None]
-        num_masked = masked.sum(dim=1)
-        scheduled = torch.where(last, num_masked, (num_masked.float() / 1 * fraction).long())
         count = torch.where(origin, candidates.sum(dim=1), scheduled)
         return StepPlan(candidates=candidates, count=count)
 
@@ -140,6 +152,8 @@ class DreamRule(parallel.ParallelDecoding, BatchedRule):
     def ranking_keys(self, slots, plan, confidence):
         # alg_temp: positions drawn without replacement with weights
         # softmax(confidence / alg_temp): Gumbel-top-k over confidence / alg_temp.
+        if not self.selects:
+            return self.parallel.ranking_keys(slots, plan, confidence.double())
         alg_temp = self.alg_temp[slots]
         u = self._position_draws(slots, plan.candidates.shape[1], sampling.SELECT, torch.float64)
         gumbel = -torch.log(-torch.log(u))

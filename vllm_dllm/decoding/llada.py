@@ -9,6 +9,7 @@ position (base.BatchedRule.commit).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from vllm_dllm.decoding import parallel, sampling
@@ -33,6 +34,9 @@ class LLaDARule(parallel.ParallelDecoding, BatchedRule):
         self.block_length = torch.ones(cap, dtype=torch.long, device=device)
         self.block_masked = zeros(torch.long)  # masked positions of the block at its start
         self.random_remasking = zeros(torch.bool)
+        # Host copy: a step without `random` remasking skips its draws, no device sync.
+        self.random_remasking_host = np.zeros(cap, dtype=bool)
+        self.remasks_randomly = True
         self.logits_eos_inf = zeros(torch.bool)
         self.confidence_eos_eot_inf = zeros(torch.bool)
         self.parallel = parallel.ParallelParams(cap, device, state.canvas.shape[1])
@@ -41,6 +45,7 @@ class LLaDARule(parallel.ParallelDecoding, BatchedRule):
         self.block_length[slot] = options.block_length
         self.block_masked[slot] = 0
         self.random_remasking[slot] = options.remasking == "random"
+        self.random_remasking_host[slot] = options.remasking == "random"
         self.logits_eos_inf[slot] = options.logits_eos_inf
         self.confidence_eos_eot_inf[slot] = options.confidence_eos_eot_inf
         self.parallel.admit(slot, options)
@@ -48,6 +53,7 @@ class LLaDARule(parallel.ParallelDecoding, BatchedRule):
     def prepare(self, slots_host) -> None:
         super().prepare(slots_host)
         self.parallel.prepare(slots_host)
+        self.remasks_randomly = bool(self.random_remasking_host[np.asarray(slots_host)].any())
 
     def plan(self, slots: torch.Tensor, width: int) -> StepPlan:
         spb, length = self.state.steps_per_block[slots], self.block_length[slots]
@@ -84,8 +90,9 @@ class LLaDARule(parallel.ParallelDecoding, BatchedRule):
             logits[:, ids.eot] = torch.where(conf_inf, float("-inf"), eot)
         probs = torch.softmax(logits, dim=-1)
         confidence = probs.gather(1, tokens[:, None]).squeeze(1)
-        drawn = sampling.uniform(seeds, steps, positions, sampling.REMASK, torch.float32)
-        confidence = torch.where(self.random_remasking[slots], drawn, confidence)
+        if self.remasks_randomly:
+            drawn = sampling.uniform(seeds, steps, positions, sampling.REMASK, torch.float32)
+            confidence = torch.where(self.random_remasking[slots], drawn, confidence)
         return tokens, self.parallel.rank_by_entropy(slots, probs, confidence)
 
     def ranking_keys(self, slots, plan, confidence):
