@@ -77,6 +77,12 @@ SETTINGS = {
     "inproc": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
     # the same with one torch thread (what the default gives the worker).
     "inproc-1t": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"},
+    # The OpenMP runtime torch uses here (GNU libgomp): threads that finish a
+    # parallel region spin for GOMP_SPINCOUNT iterations (default 300,000) before
+    # sleeping; they compete with the engine-core process between steps, and with
+    # any other process for a core.  PASSIVE: sleep at once; a short spin between.
+    "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
+    "spin-10k": {"GOMP_SPINCOUNT": "10000"},
 }
 
 NUM_REQUESTS = 32
@@ -412,7 +418,8 @@ def table(label: str, results: list[dict]) -> str:
         f"### Engine overhead: `{label}`",
         "",
         f"Tree {tree.get('path', '?')} at {tree.get('head', '?')[:10]}{' (dirty)' if tree.get('dirty') else ''}; "
-        "32 requests x 32-token canvas, block 8, 32 steps, dual cache. Each row is the "
+        f"{results[0]['workload']['num_requests'] if results else '?'} requests x 32-token canvas, block 8, "
+        "32 steps, dual cache. Each row is the "
         "median measured generate (by wall time) of that setting; ranges over all of them. "
         "2-core CPU shared with other work: noisy (last column: CPU seconds other "
         "processes used during that generate).",
@@ -479,11 +486,19 @@ def run_setting(args: argparse.Namespace, name: str, round_: int, failures: dict
             cmd += ["--model", args.model]
         print(f"[{tag}] {' '.join(f'{k}={v}' for k, v in SETTINGS[name].items())} {' '.join(cmd)}",
               file=sys.stderr, flush=True)
+        # A busy neighbour: an unrelated process computing on one core for the
+        # whole run (unpinned, as a monitoring agent or a second service would be).
+        neighbour = (subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                     if args.busy_neighbour else None)
         try:
             proc = subprocess.run(cmd, env=env, timeout=args.timeout, capture_output=True, text=True)
         except subprocess.TimeoutExpired:
             failures[tag] = f"timed out after {args.timeout}s"
             return None
+        finally:
+            if neighbour is not None:
+                neighbour.kill()
+                neighbour.wait()
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / f"{tag}.log").write_text(proc.stdout + proc.stderr)
@@ -516,6 +531,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1,
                         help="go through the settings this many times (fresh processes, interleaved)")
     parser.add_argument("--num-requests", type=int, default=NUM_REQUESTS)
+    parser.add_argument("--busy-neighbour", action="store_true",
+                        help="run each setting beside an unrelated process spinning on one core")
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192,
                         help="raised to the all-Refresh step's tokens if that is larger")
     parser.add_argument("--seed", type=int, default=0, help="task instance sampling")
