@@ -330,16 +330,24 @@ def test_prompt_logprobs_follow_the_chain_rule(arch, llada, dream):
     params = [SamplingParams(max_tokens=4, temperature=0.0, prompt_logprobs=k,
                              extra_args={"steps": 4, "block_length": 4}) for k in (0, 2, 3)]
     plain = SamplingParams(max_tokens=8, temperature=0.0, extra_args={"steps": 8, "block_length": 8})
-    outs = llm.generate([{"prompt_token_ids": p} for p in [*prompts, prompts[1]]], [*params, plain], use_tqdm=False)
+
+    def predict(prompt, j):
+        x = torch.tensor([prompt[:j] + [ids["mask"]] * (len(prompt) - j)])
+        return model.forward(x)[0, j - 1 if arch == "dream" else j]
+
+    check_prompt_logprobs(llm, arch, prompts, params, plain, predict)
+
+
+def check_prompt_logprobs(llm, name: str, prompts, params, plain, predict) -> None:
+    """Requests asking for prompt logprobs, batched beside one that asks for none:
+    position j's entries are those of `predict(prompt, j)`, the oracle's logits row."""
+    outs = llm.generate([{"prompt_token_ids": p} for p in [*prompts, prompts[-1]]], [*params, plain], use_tqdm=False)
     assert outs[-1].prompt_logprobs is None
     for prompt, param, out in zip(prompts, params, outs):
         got = out.prompt_logprobs
         assert len(got) == len(prompt) and got[0] is None
-        chain = {}
-        for j in range(1, len(prompt)):
-            x = torch.tensor([prompt[:j] + [ids["mask"]] * (len(prompt) - j)])
-            chain[j - 1] = model.forward(x)[0, j - 1 if arch == "dream" else j]
-        check_rows(f"{arch} prompt of {len(prompt)}", prompt[1:], got[1:], chain, param.prompt_logprobs)
+        chain = {j - 1: predict(prompt, j) for j in range(1, len(prompt))}
+        check_rows(f"{name} prompt of {len(prompt)}", prompt[1:], got[1:], chain, param.prompt_logprobs)
 
 
 def test_prompt_copies_are_priced_at_their_query_tokens():
@@ -414,18 +422,13 @@ def test_llada2_prompt_logprobs_follow_the_block_causal_chain_rule(llada2, block
     params = [SamplingParams(max_tokens=block_length, temperature=0.0, prompt_logprobs=k, extra_args=xargs)
               for k in (0, 2, 1)]
     plain = SamplingParams(max_tokens=block_length, temperature=0.0, extra_args=xargs)
-    outs = llm.generate([{"prompt_token_ids": p} for p in [*prompts, prompts[2]]], [*params, plain], use_tqdm=False)
-    assert outs[-1].prompt_logprobs is None
-    for prompt, param, out in zip(prompts, params, outs):
-        got = out.prompt_logprobs
-        assert len(got) == len(prompt) and got[0] is None
-        chain = {}
-        for j in range(1, len(prompt)):
-            end = (j // block_length + 1) * block_length
-            x = torch.tensor(prompt[:j] + [mask_id] * (end - j))
-            chain[j - 1] = oracle.forward(x, block_causal_mask(end, block_length))[j]
-        check_rows(f"llada2 prompt of {len(prompt)}, blocks of {block_length}", prompt[1:], got[1:], chain,
-                   param.prompt_logprobs)
+
+    def predict(prompt, j):
+        end = (j // block_length + 1) * block_length
+        x = torch.tensor(prompt[:j] + [mask_id] * (end - j))
+        return oracle.forward(x, block_causal_mask(end, block_length))[j]
+
+    check_prompt_logprobs(llm, f"llada2, blocks of {block_length},", prompts, params, plain, predict)
 
 
 def test_logprob_steps_cost_the_same_ops_for_any_number_of_requests():
