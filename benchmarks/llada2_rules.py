@@ -1,0 +1,141 @@
+"""Accuracy against forwards per token for LLaDA2's decoding rules, on an LLaDA2-format
+task model (issue 27's measurement).
+
+    python benchmarks/llada2_rules.py --model DIR --n 200 --out benchmarks/results/llada2-rules
+    python -m vllm_dllm.tools.train --out runs/llada2-run1 --export /tmp/llada2-model   # DIR from a run
+
+One engine (offline, through the plugin) decodes the same held-out instances of every
+task under each setting: LLaDA2.0's threshold rule at 0.95 / 0.9 / 0.7 / 0.5 (its
+default is 0.95), LLaDA2.1's quality and speed modes, a sweep of the editing threshold
+over the threshold rule, and the plugin's parallel rules (factor, entropy_bound,
+hierarchy, credit) inside LLaDA2's blocks.  Reported per (setting, task): exact match
+with its 95% interval, forwards per generated token (the plugin's denoising-step
+counter over the tokens returned: one forward per step per request) and tokens the
+step rewrote by editing, per request (the edited-tokens counter).  The separation
+check of issue 27: on each task, threshold 0.5 against 0.95 (the default), in points.
+Writes results.json, results.md and accuracy_vs_forwards.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+
+from task_sweep import add_task_arguments, save_task_figure
+from vllm_dllm.tasks import ALL_TASKS, TASK_GROUPS
+
+BLOCK = 8  # the canvases of the tasks are a few blocks of 8
+SETTINGS = {
+    **{f"2.0 threshold {t}": {"threshold": t} for t in (0.95, 0.9, 0.7, 0.5)},
+    "2.1 quality": {"mode": "quality"},
+    "2.1 speed": {"mode": "speed"},
+    **{f"edit {e} / threshold 0.7": {"threshold": 0.7, "editing_threshold": e} for e in (0.9, 0.7, 0.5, 0.3)},
+    **{f"factor {f}": {"decoding": "factor", "factor": f} for f in (1.0, 2.0)},
+    **{f"entropy_bound {g}": {"decoding": "entropy_bound", "gamma": g} for g in (0.5, 1.0)},
+    "hierarchy 0.9/0.5": {"decoding": "hierarchy", "threshold": 0.9, "low_threshold": 0.5},
+    "credit 0.9": {"decoding": "credit", "threshold": 0.9},
+}
+DEFAULT, LOOSE = "2.0 threshold 0.95", "2.0 threshold 0.5"
+ENGINE = dict(max_model_len=512, max_num_seqs=64, kv_cache_memory_bytes=512 << 20, gpu_memory_utilization=0.3)
+
+
+def edited_tokens(runner) -> float:
+    import prometheus_client
+
+    value = prometheus_client.REGISTRY.get_sample_value("vllm:diffusion_num_edited_tokens_total", runner.labels)
+    return value or 0.0
+
+
+def run(model: str, settings: list[str], tasks: list[str], n: int, seed: int) -> list[dict]:
+    from vllm_dllm import eval as task_eval
+
+    runner = task_eval.OfflineRunner(model, ENGINE)
+    rows = []
+    try:
+        for setting in settings:
+            for task in tasks:
+                xargs = {"block_length": BLOCK, **SETTINGS[setting]}
+                edits = edited_tokens(runner)
+                result = task_eval.evaluate_task(runner, ALL_TASKS[task], n, seed, xargs)
+                row = {"setting": setting, "task": task, "xargs": xargs, **vars(result),
+                       "edits_per_request": (edited_tokens(runner) - edits) / n}
+                rows.append(row)
+                print(f"{setting:28s} {task:10s} {result.accuracy:6.1%}  forwards/token "
+                      f"{result.steps_per_token or float('nan'):.3f}  edits/request {row['edits_per_request']:.2f}",
+                      flush=True)
+    finally:
+        runner.engine.engine_core.shutdown()
+    return rows
+
+
+def write_table(rows: list[dict], out: pathlib.Path) -> None:
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    by_key = {(r["setting"], r["task"]): r for r in rows}
+    lines = ["Exact match [95% interval] / forwards per token / edits per request, per task.", "",
+             "| setting | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+    for setting in dict.fromkeys(r["setting"] for r in rows):
+        cells = []
+        for task in tasks:
+            r = by_key.get((setting, task))
+            if r is None:
+                cells.append("-")
+                continue
+            low, high = r["ci95"]
+            cells.append(f"{r['accuracy']:.1%} [{low:.0%}, {high:.0%}] / {r['steps_per_token']:.2f} / "
+                         f"{r['edits_per_request']:.1f}")
+        lines.append(f"| {setting} | " + " | ".join(cells) + " |")
+    lines += ["", f"Separation (issue 27: `{LOOSE}` at least 5 points below `{DEFAULT}` on a new task):", ""]
+    for task in tasks:
+        default, loose = by_key.get((DEFAULT, task)), by_key.get((LOOSE, task))
+        if default and loose:
+            gap = 100 * (default["accuracy"] - loose["accuracy"])
+            lines.append(f"- {task}: {gap:+.1f} points ({'separates' if gap >= 5 else 'does not separate'})")
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+
+
+def plot(rows: list[dict], out: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.8), sharey=True, squeeze=False)
+    axes = axes[0]
+    for ax, task in zip(axes, tasks):
+        for family in dict.fromkeys(" ".join(r["setting"].split()[:2]) for r in rows):
+            pts = sorted((r["steps_per_token"], r["accuracy"]) for r in rows
+                         if r["task"] == task and " ".join(r["setting"].split()[:2]) == family
+                         and r["steps_per_token"])
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=family, alpha=0.8)
+        ax.set_title(task)
+        ax.set_xlabel("forwards per token")
+        ax.grid(alpha=0.3)
+    save_task_figure(fig, axes, out / "accuracy_vs_forwards.png", legend_loc="lower right")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_task_arguments(ap, n=200)
+    ap.add_argument("--settings", default=",".join(SETTINGS))
+    ap.add_argument("--tasks", default=",".join(TASK_GROUPS["every"]))
+    ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results/llada2-rules"))
+    args = ap.parse_args(argv)
+    unknown = [s for s in args.settings.split(",") if s not in SETTINGS]
+    if unknown:
+        ap.error(f"unknown settings {unknown}; known: {', '.join(SETTINGS)}")
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = run(args.model, args.settings.split(","), args.tasks.split(","), args.n, args.seed)
+    (args.out / "results.json").write_text(
+        json.dumps({"model": args.model, "n": args.n, "seed": args.seed, "rows": rows}, indent=2) + "\n")
+    write_table(rows, args.out)
+    plot(rows, args.out)
+    print((args.out / "results.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
