@@ -86,7 +86,9 @@ BAD_REQUESTS = [
     ("mc_batch-not-dividing", "completions", {"max_tokens": 4, "vllm_xargs": {"likelihood": "elbo", "context_tokens": 1, "mc_samples": 12, "mc_batch": 5}}, ["'mc_batch' (5) must divide 'mc_samples' (12)"]),
     ("mc_samples-without-likelihood", "chat", {"max_tokens": 4, "vllm_xargs": {"mc_samples": 8}}, ["only apply with 'likelihood'"]),
     ("likelihood-two-prompts", "completions", {"prompt": ["hello", "there"], "max_tokens": 4, "vllm_xargs": {"likelihood": "elbo", "context_tokens": 1}}, ["'likelihood' is returned once per response: send one prompt per request, not 2"]),
-    ("likelihood-n-2", "completions", {"max_tokens": 4, "n": 2, "vllm_xargs": {"likelihood": "elbo", "context_tokens": 1}}, ["n must be 1"]),
+    ("likelihood-n-2", "completions", {"prompt": [5, 6, 7], "max_tokens": 4, "n": 2, "vllm_xargs": {"likelihood": "elbo", "context_tokens": 1}}, ["n must be 1"]),
+    ("likelihood-text-prompt", "completions", {"prompt": "hello there", "max_tokens": 4, "vllm_xargs": {"likelihood": "elbo", "context_tokens": 1}}, ["'likelihood' needs the prompt as token ids"]),
+    ("likelihood-chat", "chat", {"max_tokens": 4, "vllm_xargs": {"likelihood": "elbo", "context_tokens": 1}}, ["'likelihood' scores a completions prompt"]),
     ("presence_penalty", "completions", {"max_tokens": 16, "presence_penalty": 0.5}, ["presence_penalty"]),
     ("frequency_penalty", "chat", {"max_tokens": 16, "frequency_penalty": 0.5}, ["frequency_penalty"]),
     ("repetition_penalty", "completions", {"max_tokens": 16, "repetition_penalty": 1.2}, ["repetition_penalty"]),
@@ -171,7 +173,7 @@ def test_streaming_good_request_still_streams(server, client):
 
 
 def test_a_streamed_likelihood_is_refused(server, client):
-    body = {"prompt": "hello there", "max_tokens": 4, "stream": True,
+    body = {"prompt": [5, 6, 7, 8], "max_tokens": 4, "stream": True,
             "vllm_xargs": {"likelihood": "elbo", "context_tokens": 1, "mc_samples": 4}}
     resp = post(client, server, "/v1/completions", body, expect=None)
     assert resp.status_code == 400 and "cannot be streamed" in resp.json()["error"]["message"]

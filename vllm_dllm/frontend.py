@@ -20,8 +20,9 @@ Six gaps of vLLM 0.32's OpenAI server that request validation alone cannot close
   answered with a 400 here.
 - The ELBO's prompt.  `vllm_xargs {"likelihood": "elbo", "context_tokens": N}` scores
   the prompt's tokens after the first N; validation never sees the prompt, and the
-  engine's refusal of a prompt of N tokens or fewer would reach the client as a 500,
-  so a token-id prompt (what evaluation clients send) is checked here.
+  engine's refusal of a prompt of N tokens or fewer would reach the client as a 500.
+  So the prompt is checked here: one prompt of token ids (what evaluation clients
+  send; a text or chat prompt's count is the tokenizer's), longer than N.
 - Log noise.  vLLM's stream generators log any exception of the stream with
   `logger.exception` (a 30-line ERROR traceback), a refused request's
   VLLMValidationError too, where a refused non-streaming request logs only its
@@ -110,11 +111,12 @@ class ServedModel:
 
 
     @staticmethod
-    def likelihood_prompt_problem(body: Any) -> tuple[str, str] | None:
-        """An ELBO whose `context_tokens` leaves no continuation of a token-id prompt.
-        Only here does a request's prompt meet its options before the engine (whose
-        refusal would reach the client as a 500); a text prompt's tokens are vLLM's
-        to count, so its check stays with the engine."""
+    def likelihood_prompt_problem(body: Any, path: str) -> tuple[str, str] | None:
+        """An ELBO request whose prompt the engine could only refuse with a 500: not
+        token ids on /v1/completions (`context_tokens` counts the prompt's tokens, which
+        a text prompt or a chat template leaves to vLLM's tokenizer), several prompts,
+        or one that `context_tokens` leaves no continuation.  Only here does a
+        request's prompt meet its options before the engine."""
         if not isinstance(body, dict) or not isinstance(body.get("vllm_xargs"), dict):
             return None
         from vllm_dllm.options import OptionError
@@ -124,20 +126,24 @@ class ServedModel:
             request = likelihood_request(body["vllm_xargs"])
         except OptionError:
             return None  # validate_params names it
-        prompt = body.get("prompt")
-        if request is None or not isinstance(prompt, list) or not prompt:
+        if request is None:
             return None
-        if isinstance(prompt[0], (list, str)) and len(prompt) > 1:
-            # vLLM's completions response carries kv_transfer_params once, its first
-            # prompt's: the other estimates would be computed and dropped.
-            return ("'likelihood' is returned once per response: send one prompt per request, "
-                    f"not {len(prompt)}", "prompt")
-        tokens = prompt[0] if isinstance(prompt[0], list) else prompt
-        if all(type(t) is int for t in tokens):
-            problem = prompt_problem(request, len(tokens))
-            if problem:
-                return problem, "vllm_xargs"
-        return None
+        if path != "/v1/completions":
+            return ("'likelihood' scores a completions prompt: send it to /v1/completions as token ids "
+                    "('context_tokens' counts them)", "vllm_xargs")
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
+            if len(prompt) > 1:
+                # vLLM's completions response carries kv_transfer_params once, its
+                # first prompt's: the other estimates would be computed and dropped.
+                return ("'likelihood' is returned once per response: send one prompt per request, "
+                        f"not {len(prompt)}", "prompt")
+            prompt = prompt[0]
+        if not (isinstance(prompt, list) and all(type(t) is int for t in prompt)):
+            return ("'likelihood' needs the prompt as token ids: 'context_tokens' counts the prompt's tokens",
+                    "prompt")
+        problem = prompt_problem(request, len(prompt))
+        return (problem, "vllm_xargs") if problem else None
 
     @staticmethod
     def beam_search_problem(body: Any) -> tuple[str, str] | None:
@@ -237,7 +243,7 @@ class DiffusionRequestGuard:
         except ValueError:
             body = None  # vLLM answers malformed JSON itself
         problem = (served.dropped_field_problem(body) or served.beam_search_problem(body)
-                   or served.likelihood_prompt_problem(body))
+                   or served.likelihood_prompt_problem(body, scope["path"]))
         if problem is not None:
             return await _send_json(send, 400, _error_body(*problem))
         filled = served.with_default_max_tokens(body)
