@@ -22,8 +22,8 @@ import argparse
 import json
 import pathlib
 
-from task_sweep import add_task_arguments, save_task_figure
-from vllm_dllm.tasks import ALL_TASKS, TASK_GROUPS
+from task_sweep import add_task_arguments, run_points, save_task_figure, task_panels
+from vllm_dllm.tasks import TASK_GROUPS
 
 BLOCK = 8  # the canvases of the tasks are a few blocks of 8
 SETTINGS = {
@@ -37,36 +37,7 @@ SETTINGS = {
     "credit 0.9": {"decoding": "credit", "threshold": 0.9},
 }
 DEFAULT, LOOSE = "2.0 threshold 0.95", "2.0 threshold 0.5"
-ENGINE = dict(max_model_len=512, max_num_seqs=64, kv_cache_memory_bytes=512 << 20, gpu_memory_utilization=0.3)
-
-
-def edited_tokens(runner) -> float:
-    import prometheus_client
-
-    value = prometheus_client.REGISTRY.get_sample_value("vllm:diffusion_num_edited_tokens_total", runner.labels)
-    return value or 0.0
-
-
-def run(model: str, settings: list[str], tasks: list[str], n: int, seed: int) -> list[dict]:
-    from vllm_dllm import eval as task_eval
-
-    runner = task_eval.OfflineRunner(model, ENGINE)
-    rows = []
-    try:
-        for setting in settings:
-            for task in tasks:
-                xargs = {"block_length": BLOCK, **SETTINGS[setting]}
-                edits = edited_tokens(runner)
-                result = task_eval.evaluate_task(runner, ALL_TASKS[task], n, seed, xargs)
-                row = {"setting": setting, "task": task, "xargs": xargs, **vars(result),
-                       "edits_per_request": (edited_tokens(runner) - edits) / n}
-                rows.append(row)
-                print(f"{setting:28s} {task:10s} {result.accuracy:6.1%}  forwards/token "
-                      f"{result.steps_per_token or float('nan'):.3f}  edits/request {row['edits_per_request']:.2f}",
-                      flush=True)
-    finally:
-        runner.engine.engine_core.shutdown()
-    return rows
+EDITED = "vllm:diffusion_num_edited_tokens_total"
 
 
 def write_table(rows: list[dict], out: pathlib.Path) -> None:
@@ -95,14 +66,7 @@ def write_table(rows: list[dict], out: pathlib.Path) -> None:
 
 
 def plot(rows: list[dict], out: pathlib.Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tasks = list(dict.fromkeys(r["task"] for r in rows))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.8), sharey=True, squeeze=False)
-    axes = axes[0]
+    _, fig, axes, tasks = task_panels(rows)
     for ax, task in zip(axes, tasks):
         for family in dict.fromkeys(" ".join(r["setting"].split()[:2]) for r in rows):
             pts = sorted((r["steps_per_token"], r["accuracy"]) for r in rows
@@ -128,7 +92,9 @@ def main(argv=None) -> int:
         ap.error(f"unknown settings {unknown}; known: {', '.join(SETTINGS)}")
 
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = run(args.model, args.settings.split(","), args.tasks.split(","), args.n, args.seed)
+    points = [({"setting": setting}, task, {"block_length": BLOCK, **SETTINGS[setting]})
+              for setting in args.settings.split(",") for task in args.tasks.split(",")]
+    rows = run_points(args.model, points, args.n, args.seed, counters={"edits_per_request": EDITED})
     (args.out / "results.json").write_text(
         json.dumps({"model": args.model, "n": args.n, "seed": args.seed, "rows": rows}, indent=2) + "\n")
     write_table(rows, args.out)

@@ -19,7 +19,7 @@ import argparse
 import json
 import pathlib
 
-from task_sweep import BLOCKS, add_task_arguments, run_points, save_task_figure
+from task_sweep import BLOCKS, add_task_arguments, run_points, save_task_figure, task_panels
 from vllm_dllm.tasks import TASKS
 
 CACHES = {"none": {"cache": "none"}, "dual": {"cache": "dual"}}
@@ -63,14 +63,7 @@ def write_table(rows: list[dict], out: pathlib.Path) -> None:
 
 
 def plot(rows: list[dict], out: pathlib.Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tasks = list(dict.fromkeys(r["task"] for r in rows))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.8), sharey=True, squeeze=False)
-    axes = axes[0]
+    _, fig, axes, tasks = task_panels(rows)
     for ax, task in zip(axes, tasks):
         for cache, marker in (("none", "o"), ("dual", "s")):
             for rule in dict.fromkeys(r["setting"].split()[0] for r in rows):

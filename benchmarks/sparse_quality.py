@@ -31,7 +31,7 @@ import json
 import math
 import pathlib
 
-from task_sweep import BLOCKS, add_task_arguments, run_points, save_task_figure
+from task_sweep import BLOCKS, add_task_arguments, run_points, save_task_figure, task_panels
 from vllm_dllm.tasks import TASKS
 
 RETENTIONS = (0.1, 0.2, 0.3, 0.5, 1.0)
@@ -167,14 +167,7 @@ def write_table(rows: list[dict], out: pathlib.Path, n: int, seed: int) -> None:
 
 
 def plot(rows: list[dict], out: pathlib.Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tasks = list(dict.fromkeys(r["task"] for r in rows))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.8), sharey=True, squeeze=False)
-    axes = axes[0]
+    _, fig, axes, tasks = task_panels(rows)
     for ax, task in zip(axes, tasks):
         for (selection, scoring), (marker, line, color) in {
             ("head", "max"): ("o", "-", "tab:blue"), ("uniform", "max"): ("s", "-", "tab:orange"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from vllm_dllm import eval as task_eval
 from vllm_dllm.default_model import PATH as DEFAULT_MODEL
-from vllm_dllm.tasks import TASKS
+from vllm_dllm.tasks import ALL_TASKS
 
 # Block length per task: short canvases in two blocks, long ones in blocks of 8.
 BLOCKS = {"retrieval": 4, "addition": 4, "copy": 8, "reverse": 8}
@@ -27,15 +27,38 @@ def save_task_figure(fig, axes, path, legend_loc: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def run_points(model: str, points: list[tuple[dict, str, dict]], n: int, seed: int) -> list[dict]:
+def task_panels(rows: list[dict]):
+    """(pyplot, figure, axes, tasks): one accuracy panel per task of `rows`, in order."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.8), sharey=True, squeeze=False)
+    return plt, fig, axes[0], tasks
+
+
+def run_points(model: str, points: list[tuple[dict, str, dict]], n: int, seed: int,
+               counters: dict[str, str] | None = None) -> list[dict]:
     """Each point is (labels, task, xargs); returns one row per point: the labels,
-    the xargs and the task result (vllm_dllm.eval.TaskResult's fields)."""
+    the xargs and the task result (vllm_dllm.eval.TaskResult's fields), plus per
+    request the growth of each of the plugin's `counters` (row key -> metric name)."""
+    import prometheus_client
+
     runner = task_eval.OfflineRunner(model, ENGINE)
+    counters = counters or {}
+
+    def read(metric: str) -> float:
+        return prometheus_client.REGISTRY.get_sample_value(metric, runner.labels) or 0.0
+
     rows = []
     try:
         for labels, task, xargs in points:
-            result = task_eval.evaluate_task(runner, TASKS[task], n, seed, xargs)
-            rows.append({**labels, "xargs": xargs, **vars(result)})
+            before = {key: read(metric) for key, metric in counters.items()}
+            result = task_eval.evaluate_task(runner, ALL_TASKS[task], n, seed, xargs)
+            grown = {key: (read(metric) - before[key]) / n for key, metric in counters.items()}
+            rows.append({**labels, "xargs": xargs, **vars(result), **grown})
             steps = f"{result.steps_per_token:.3f}" if result.steps_per_token is not None else "-"
             print(f"{' '.join(map(str, labels.values())):28s} {task:10s} {result.accuracy:6.1%}  "
                   f"chars {result.char_accuracy:6.1%}  steps/token {steps}  {result.tokens_per_s:7.1f} tok/s",
