@@ -172,7 +172,14 @@ def test_kv_gauges_fall_to_zero_after_an_abort(server, client):
             for line in resp.iter_lines():
                 if line.startswith("data:"):
                     break
-            running = metrics(client)
+            # The front end sends a step's tokens before it records the step's stats:
+            # a request streaming from its first step can be read before its gauges
+            # are.  It runs ~190 more steps; poll while it does.
+            for _ in range(40):
+                running = metrics(client)
+                if running["vllm:diffusion_kv_slots"] > 0:
+                    break
+                time.sleep(0.05)
         # leaving both blocks closes the connection mid-stream: vLLM aborts the request
     assert running["vllm:diffusion_kv_slots"] > 0 and running["vllm:diffusion_kv_dense_slots"] > 0
     wait_idle(client, server)
