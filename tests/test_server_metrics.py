@@ -164,25 +164,30 @@ def test_kv_gauges_fall_to_zero_after_an_abort(server, client):
     """Issue 28: with nothing running the gauges read 0, also when the last request
     was aborted (the engine then runs no denoising step, only clears it)."""
     wait_idle(client, server)
-    body = {"model": server.model, "prompt": "hello", "max_tokens": 192, "stream": True,
-            "vllm_xargs": {"steps": 192, "block_length": 8, "cache": "dual"}}
-    with httpx.Client(base_url=server.base_url, timeout=REQUEST_TIMEOUT_S) as dropper:
-        with dropper.stream("POST", "/v1/completions", json=body) as resp:
-            assert resp.status_code == 200
-            for line in resp.iter_lines():
-                if line.startswith("data:"):
-                    break
-            # The front end sends a step's tokens before it records the step's stats:
-            # a request streaming from its first step can be read before its gauges
-            # are.  It runs ~190 more steps; poll while it does.
-            for _ in range(40):
-                running = metrics(client)
-                if running["vllm:diffusion_kv_slots"] > 0:
-                    break
-                time.sleep(0.05)
-        # leaving both blocks closes the connection mid-stream: vLLM aborts the request
-    assert running["vllm:diffusion_kv_slots"] > 0 and running["vllm:diffusion_kv_dense_slots"] > 0
-    wait_idle(client, server)
+    # ignore_eos and 240 steps: the request runs long enough to be seen running.
+    body = {"model": server.model, "prompt": "hello", "max_tokens": 240, "stream": True, "ignore_eos": True,
+            "vllm_xargs": {"steps": 240, "block_length": 8, "cache": "dual"}}
+    seen = {}
+    for _ in range(3):  # a starved front end can deliver the first event late: try again
+        with httpx.Client(base_url=server.base_url, timeout=REQUEST_TIMEOUT_S) as dropper:
+            with dropper.stream("POST", "/v1/completions", json=body) as resp:
+                assert resp.status_code == 200
+                for line in resp.iter_lines():
+                    if line.startswith("data:"):
+                        break
+                # The front end sends a step's tokens before it records the step's
+                # stats, so the gauges can lag the first event: poll while it runs.
+                for _ in range(40):
+                    running = metrics(client)
+                    if running["vllm:diffusion_kv_slots"] > 0:
+                        seen = running
+                        break
+                    time.sleep(0.05)
+            # leaving both blocks closes the connection mid-stream: vLLM aborts the request
+        wait_idle(client, server)
+        if seen:
+            break
+    assert seen and seen["vllm:diffusion_kv_dense_slots"] > 0, "the running request's KV gauges were never seen"
     wait_kv_gauges_zero(client, server)
 
 
