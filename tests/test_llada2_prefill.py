@@ -183,7 +183,7 @@ def test_the_next_turn_of_a_chat_finds_the_previous_answer_cached(served):
 
 def test_a_chunked_prefill_is_priced_step_by_step():
     from vllm_dllm.options import LLaDA2Options
-    from vllm_dllm.scheduler.scheduler import RequestTrack
+    from vllm_dllm.scheduler.track import RequestTrack
 
     options = LLaDA2Options(
         max_tokens=16, block_length=BLOCK, steps=4, threshold=0.95, minimal_topk=1, eos_early_stop=False,
@@ -201,7 +201,7 @@ def test_a_chunked_prefill_is_priced_step_by_step():
 
 def test_only_final_kv_is_offered_to_the_prefix_cache():
     from vllm_dllm.options import LLaDA2Options
-    from vllm_dllm.scheduler.scheduler import RequestTrack
+    from vllm_dllm.scheduler.track import RequestTrack
 
     options = LLaDA2Options(
         max_tokens=40, block_length=BLOCK, steps=4, threshold=0.95, minimal_topk=1, eos_early_stop=False,

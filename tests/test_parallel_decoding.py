@@ -337,7 +337,7 @@ def test_dream_decodes_in_parallel_over_confidence_ranking_algs_only():
 
 
 def test_scheduler_prices_the_reported_progress_and_bounds_the_rest_by_the_schedule():
-    from vllm_dllm.scheduler.scheduler import RequestTrack
+    from vllm_dllm.scheduler.track import RequestTrack
 
     options = res(llada(), {"decoding": "threshold", "block_length": 8, "cache": "dual"}, max_tokens=32)
     track = RequestTrack(options, prompt_len=10, blocks=1)

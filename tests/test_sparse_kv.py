@@ -351,7 +351,7 @@ def test_resumed_request_rebuilds_its_cache_and_decodes_as_if_never_preempted(ca
 
 
 def test_scheduler_prices_the_rebuild_step():
-    from vllm_dllm.scheduler.scheduler import RequestTrack
+    from vllm_dllm.scheduler.track import RequestTrack
 
     options = llada(gen=32, steps=32, block=8, cache="dual")
     track = RequestTrack(options, prompt_len=10, blocks=1, block=0, block_step=5, has_cache=True)
