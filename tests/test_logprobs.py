@@ -115,7 +115,11 @@ def llada(tiny_dirs):
 
 
 def test_llada_logprobs_are_the_committing_steps(llada):
-    model_dir, llm = llada
+    check_llada_logprobs(llada)
+
+
+def check_llada_logprobs(served) -> None:
+    model_dir, llm = served
     ids = llada_ids(model_dir)
     model = oracle_model.load_oracle(model_dir)
     rng = random.Random(5)
@@ -295,7 +299,11 @@ def dream(tiny_dirs):
 
 
 def test_dream_logprobs_come_from_the_row_before(dream):
-    model_dir, llm = dream
+    check_dream_logprobs(dream)
+
+
+def check_dream_logprobs(served) -> None:
+    model_dir, llm = served
     ids = llada_ids(model_dir)
     model = oracle_model.load_oracle(model_dir)
     rng = random.Random(7)
@@ -320,9 +328,13 @@ def test_dream_elbo_centres_on_its_expectation_within_its_error(dream):
 
 @pytest.mark.parametrize("arch", ["llada", "dream"])
 def test_prompt_logprobs_follow_the_chain_rule(arch, llada, dream):
+    check_chain_rule(arch, llada if arch == "llada" else dream)
+
+
+def check_chain_rule(arch: str, served) -> None:
     """Position j's logprob is the model's prediction of it with positions j and
     after masked (row j; Dream: row j - 1), whatever else the batch holds."""
-    model_dir, llm = llada if arch == "llada" else dream
+    model_dir, llm = served
     ids = llada_ids(model_dir)
     model = oracle_model.load_oracle(model_dir)
     rng = random.Random(13)
@@ -386,7 +398,11 @@ def llada2(tiny_dirs):
 
 
 def test_llada2_logprobs_are_the_last_writing_steps(llada2):
-    model_dir, llm = llada2
+    check_llada2_logprobs(llada2)
+
+
+def check_llada2_logprobs(served) -> None:
+    model_dir, llm = served
     ids = json.loads((Path(model_dir) / "generation_config.json").read_text())
     model = load_llada2_oracle(model_dir)
     rng = random.Random(9)
@@ -408,12 +424,16 @@ def test_llada2_logprobs_are_the_last_writing_steps(llada2):
 
 @pytest.mark.parametrize("block_length", [4, 8])
 def test_llada2_prompt_logprobs_follow_the_block_causal_chain_rule(llada2, block_length):
+    check_block_causal_chain_rule(llada2, block_length)
+
+
+def check_block_causal_chain_rule(served, block_length: int) -> None:
     """Position j's logprob is LLaDA2's prediction of it with positions j and after
     masked, read block-causally as it generates: j's block (padded with masks past
     the prompt) over the blocks before."""
     from tests.oracle_llada2 import block_causal_mask
 
-    model_dir, llm = llada2
+    model_dir, llm = served
     oracle = load_llada2_oracle(model_dir)
     mask_id = json.loads((Path(model_dir) / "generation_config.json").read_text())["mask_token_id"]
     rng = random.Random(29 + block_length)

@@ -301,8 +301,9 @@ def test_multi_segment_steps_project_each_candidate_once():
     engine = make_engine(kind="llada2")
     ids = add_requests(engine, 2, llada2(), prompt_len=13)
     assert len(engine.layout(np.array([engine.slots[i] for i in ids])).sequences.slot) == 2 * len(ids)
-    projected, project = [], engine.model.compute_logits
-    engine.model.compute_logits = lambda hidden: (projected.append(len(hidden)), project(hidden))[1]
+    projected, project = [], engine.lm_head.project
+    engine.lm_head = dataclasses.replace(engine.lm_head, project=lambda hidden: (projected.append(len(hidden)),
+                                                                                 project(hidden))[1])
     out = engine.step(ids)
     # The first canvas block holds 3 masks after a 13-token prompt.
     assert out.logits_rows == sum(projected) == 2 * 3

@@ -12,6 +12,11 @@ cores to use: on a one-node machine `VLLM_CPU_OMP_THREADS_BIND` gives each rank 
 cores ("0|1" on two), as for any model served by vLLM on CPU.  Shards sum in another
 order than one device's GEMMs, so near-ties could flip; exact ties are drawn again
 (tests/tie_free.py) as in every oracle test.
+
+The LM head is vocabulary-parallel (decoding/vocab.py): each rank reduces its own
+vocabulary columns, so the logprobs, prompt logprobs, ELBO and grammar masks run
+through the shards too, and are checked here against the same oracles and
+tolerances as on one rank (tests/test_logprobs.py, tests/test_structured_outputs.py).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import pytest
 
 from tests import oracle_model
 from tests.conftest import close_engine, make_engine, random_prompt
+from tests.test_structured_outputs import ENGINE_STRUCTURED, grammar_kit  # noqa: F401 (a fixture)
 from tests.tie_free import compare_each_case
 
 TP = 2
@@ -42,7 +48,7 @@ def served(request, tiny_dirs):
     model_dir = tiny_dirs(arch)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VLLM_CPU_OMP_THREADS_BIND", thread_binding())
-        llm = make_engine(model_dir, tensor_parallel_size=TP)
+        llm = make_engine(model_dir, tensor_parallel_size=TP, **ENGINE_STRUCTURED)
     yield arch, model_dir, llm
     close_engine(llm)
 
@@ -151,3 +157,42 @@ def test_the_sparse_refusal_depends_on_kv_heads_per_rank():
         "head is replicated on ranks holding different query heads, which would keep different positions; use "
         "cache 'dual', or a tensor-parallel size of at most 4"
     )
+
+
+def test_two_ranks_give_the_oracles_logprobs(served):
+    from tests import test_logprobs as checks
+
+    arch, model_dir, llm = served
+    if arch == "llada2":
+        checks.check_llada2_logprobs((model_dir, llm))
+        checks.check_block_causal_chain_rule((model_dir, llm), 4)
+        return
+    (checks.check_llada_logprobs if arch == "llada" else checks.check_dream_logprobs)((model_dir, llm))
+    checks.check_chain_rule(arch, (model_dir, llm))
+
+
+def test_two_ranks_score_the_elbo_as_the_recipe(served):
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+
+    from tests.test_logprobs import check_elbo_against_the_recipe
+
+    arch, model_dir, llm = served
+    if arch == "llada2":  # no published recipe: refused on every rank count
+        params = SamplingParams(max_tokens=4, extra_args={"likelihood": "elbo", "context_tokens": 2})
+        with pytest.raises(VLLMValidationError, match=r"block-diffusion \(LLaDA2\) models have none"):
+            llm.generate([{"prompt_token_ids": [5, 6, 7, 8]}], [params], use_tqdm=False)
+        return
+    case = (arch, 9, 4, 16, 8, {"cfg_scale": 1.0} if arch == "llada" else {})
+    check_elbo_against_the_recipe(case, (model_dir, llm))
+
+
+def test_two_ranks_follow_the_grammar(served, grammar_kit):
+    from tests import test_structured_outputs as checks
+
+    arch, model_dir, llm = served
+    if arch == "llada":
+        checks.check_constrained_loop(llm, grammar_kit)
+        return
+    modes = checks.DREAM_MODES if arch == "dream" else checks.LLADA2_MODES
+    checks.check_all_parse(llm, modes, [0.0, 0.7], random.Random(12))

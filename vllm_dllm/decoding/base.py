@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from vllm_dllm.decoding.vocab import WHOLE, Vocab
 from vllm_dllm.options import DecodeOptions
 
 # Canvas entries past a request's generation length.  Never equal to a token id,
@@ -40,11 +41,13 @@ class SpecialIds:
 
 
 class DecodeState:
-    """Canvases and the parameters every rule reads, one row per request slot."""
+    """Canvases and the parameters every rule reads, one row per request slot, and
+    the vocabulary the rules' logits rows span (this rank's shard under TP)."""
 
-    def __init__(self, capacity: int, max_gen: int, ids: SpecialIds, device: torch.device):
+    def __init__(self, capacity: int, max_gen: int, ids: SpecialIds, device: torch.device, vocab: Vocab = WHOLE):
         self.ids = ids
         self.device = device
+        self.vocab = vocab
         self.canvas = torch.full((capacity, max_gen), PAD, dtype=torch.long, device=device)
         self.gen_length = torch.zeros(capacity, dtype=torch.long, device=device)
         self.output_length = torch.zeros(capacity, dtype=torch.long, device=device)  # at most max_tokens out

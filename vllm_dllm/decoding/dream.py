@@ -18,6 +18,7 @@ import torch
 
 from vllm_dllm.decoding import parallel, sampling
 from vllm_dllm.decoding.base import BatchedRule, DecodeState, StepPlan, register_rule
+from vllm_dllm.decoding.vocab import WHOLE, Vocab
 from vllm_dllm.options import DREAM, DREAM_ALGS, DreamOptions
 
 ORIGIN = DREAM_ALGS.index("origin")
@@ -31,24 +32,26 @@ def unmask_fractions(steps: int, eps: float) -> torch.Tensor:
     return 1 - t[1:] / t[:-1]
 
 
-def filter_top_p_top_k(logits: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+def filter_top_p_top_k(logits: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor, vocab: Vocab = WHOLE,
+                       k_max: int | None = None, any_top_p: bool = True) -> torch.Tensor:
     """The reference's top-p then top-k filters, per row (top_p >= 1 / top_k <= 0: off).
 
     Removed entries get the dtype's lowest value, as the reference's masked_fill does.
+    The k-th value is taken after the top-p cut, as the reference does.  Known on
+    the host: `k_max`, the largest top_k of the rows (0: no row filters by top-k),
+    and `any_top_p`, whether some row filters by top-p.
     """
     lowest = torch.finfo(logits.dtype).min
-    ordered, order = torch.sort(logits, dim=-1, descending=True)
-    cumulative = torch.cumsum(torch.softmax(ordered, dim=-1), dim=-1)
-    remove = cumulative > top_p[:, None]
-    # Keep the token that crosses the threshold: shift right by one, keep the first.
-    remove = torch.cat([torch.zeros_like(remove[:, :1]), remove[:, :-1]], dim=1)
-    remove &= (top_p < 1)[:, None]
-    ordered = ordered.masked_fill(remove, lowest)
-    kth_index = (top_k.clamp(min=1, max=logits.shape[-1]) - 1)[:, None]
-    kth = ordered.gather(1, kth_index)
-    remove_k = (ordered < kth) & (top_k > 0)[:, None]
-    ordered = ordered.masked_fill(remove_k, lowest)
-    return torch.empty_like(logits).scatter_(1, order, ordered)
+    if any_top_p:
+        removed = vocab.top_p_removed(logits, top_p) & (top_p < 1)[:, None]
+        logits = logits.masked_fill(removed, lowest)
+    size = vocab.size(logits)
+    if k_max is None:
+        k_max = int(top_k.clamp(max=size).max())
+    if k_max <= 0:
+        return logits
+    kth = vocab.kth_largest(logits, top_k.clamp(min=1, max=min(k_max, size)), min(k_max, size))
+    return logits.masked_fill((logits < kth) & (top_k > 0)[:, None], lowest)
 
 
 @register_rule(DREAM)
@@ -63,13 +66,18 @@ class DreamRule(parallel.ParallelDecoding, BatchedRule):
         self.fractions = torch.zeros(cap, 1, dtype=torch.float32, device=device)  # per step of a block
         self.block_length = torch.ones(cap, dtype=torch.long, device=device)
         self.filtered_host = np.zeros(cap, dtype=bool)
-        self.filtered = False
+        self.top_k_host = np.zeros(cap, dtype=np.int64)
+        self.top_p_host = np.ones(cap, dtype=np.float32)
+        self.filtered = self.any_top_p = False
+        self.top_k_max = 0
         # Host copies: a step whose requests use neither `origin` nor `alg_temp`
         # skips their per-position draws, without a device sync.
         self.origin_host = np.zeros(cap, dtype=bool)
+        self.alg_host = np.zeros(cap, dtype=np.int64)
+        self.margins = self.entropies = True
         self.alg_temp_host = np.zeros(cap, dtype=bool)
         self.flips = self.selects = True
-        self.parallel = parallel.ParallelParams(cap, device, state.canvas.shape[1])
+        self.parallel = parallel.ParallelParams(cap, device, state.canvas.shape[1], state.vocab)
 
     def admit(self, slot: int, options: DreamOptions) -> None:
         self.alg[slot] = DREAM_ALGS.index(options.alg)
@@ -77,7 +85,10 @@ class DreamRule(parallel.ParallelDecoding, BatchedRule):
         self.top_p[slot] = 1.0 if options.top_p is None else options.top_p
         self.top_k[slot] = options.top_k or 0
         self.filtered_host[slot] = options.top_p is not None or options.top_k is not None
+        self.top_k_host[slot] = options.top_k or 0
+        self.top_p_host[slot] = 1.0 if options.top_p is None else options.top_p
         self.origin_host[slot] = options.alg == "origin"
+        self.alg_host[slot] = DREAM_ALGS.index(options.alg)
         self.alg_temp_host[slot] = bool(options.alg_temp)
         self.parallel.admit(slot, options)
         steps = options.steps_per_block
@@ -92,7 +103,11 @@ class DreamRule(parallel.ParallelDecoding, BatchedRule):
         super().prepare(slots_host)
         slots_host = np.asarray(slots_host)
         self.filtered = bool(self.filtered_host[slots_host].any())
+        self.top_k_max = int(self.top_k_host[slots_host].max(initial=0))
+        self.any_top_p = bool((self.top_p_host[slots_host] < 1).any())
         self.flips = bool(self.origin_host[slots_host].any())
+        algs = self.alg_host[slots_host]
+        self.margins, self.entropies = bool((algs == TOPK_MARGIN).any()), bool((algs == ENTROPY).any())
         self.selects = bool(self.alg_temp_host[slots_host].any())
         self.parallel.prepare(slots_host)
 
@@ -129,24 +144,27 @@ class DreamRule(parallel.ParallelDecoding, BatchedRule):
 
     def reduce(self, logits, slots, positions):
         state = self.state
+        vocab = state.vocab
         temperature = state.temperature[slots]
         logits = self.parallel.fuse_credit(slots, positions, logits)
         scaled = temperature > 0
         logits = logits / torch.where(scaled, temperature, 1.0)[:, None]
         if self.filtered:
-            logits = filter_top_p_top_k(logits, self.top_p[slots], self.top_k[slots])
-        probs = torch.softmax(logits, dim=-1)
-        confidence, tokens = probs.max(dim=-1)
+            logits = filter_top_p_top_k(logits, self.top_p[slots], self.top_k[slots], vocab, self.top_k_max,
+                                        self.any_top_p)
+        probs = vocab.softmax(logits)
+        confidence, tokens = vocab.max(probs)
         if self.sampled:
             u = sampling.uniform(state.seed[slots], state.step[slots], positions, sampling.SAMPLE, torch.float64)
-            drawn = sampling.inverse_cdf(probs, u)
+            drawn = vocab.inverse_cdf(probs, u)
             tokens = torch.where(scaled, drawn, tokens)
-            confidence = torch.where(scaled, probs.gather(1, drawn[:, None]).squeeze(1), confidence)
-        alg = self.alg[slots]
-        top2 = torch.topk(probs, 2, dim=-1).values
-        confidence = torch.where(alg == TOPK_MARGIN, top2[:, 0] - top2[:, 1], confidence)
-        entropy = torch.sum(probs * torch.log(probs + 1e-10), dim=-1)
-        confidence = torch.where(alg == ENTROPY, entropy, confidence)
+            confidence = torch.where(scaled, vocab.at(probs, drawn), confidence)
+        if self.margins:
+            top2 = vocab.topk(probs, 2)[0]
+            confidence = torch.where(self.alg[slots] == TOPK_MARGIN, top2[:, 0] - top2[:, 1], confidence)
+        if self.entropies:
+            entropy = vocab.sum(probs * torch.log(probs + 1e-10))
+            confidence = torch.where(self.alg[slots] == ENTROPY, entropy, confidence)
         return tokens, self.parallel.rank_by_entropy(slots, probs, confidence)
 
     def ranking_keys(self, slots, plan, confidence):

@@ -39,7 +39,7 @@ class LLaDARule(parallel.ParallelDecoding, BatchedRule):
         self.remasks_randomly = True
         self.logits_eos_inf = zeros(torch.bool)
         self.confidence_eos_eot_inf = zeros(torch.bool)
-        self.parallel = parallel.ParallelParams(cap, device, state.canvas.shape[1])
+        self.parallel = parallel.ParallelParams(cap, device, state.canvas.shape[1], state.vocab)
 
     def admit(self, slot: int, options: LLaDAOptions) -> None:
         self.block_length[slot] = options.block_length
@@ -69,27 +69,27 @@ class LLaDARule(parallel.ParallelDecoding, BatchedRule):
 
     def reduce(self, logits, slots, positions):
         ids, state = self.ids, self.state
+        vocab = state.vocab
         temperature = state.temperature[slots]
         seeds, steps = state.seed[slots], state.step[slots]
-        eos = logits[:, ids.eos]
-        logits[:, ids.eos] = torch.where(self.logits_eos_inf[slots], float("-inf"), eos)
+        # `logits_eos_inf` and the confidence's edits below are column writes: the
+        # rank holding the column makes them (decoding/vocab.py).
+        vocab.fill_column(logits, ids.eos, self.logits_eos_inf[slots], float("-inf"))
         logits = self.parallel.fuse_credit(slots, positions, logits)
         if self.sampled:
             u = sampling.uniform(seeds, steps, positions, sampling.LLADA_SAMPLE, torch.float64)
-            tokens = sampling.sample(logits, temperature, u)
+            tokens = sampling.sample(logits, temperature, u, vocab)
         else:
-            tokens = logits.argmax(dim=-1)
+            tokens = vocab.argmax(logits)
         # The reference's chained assignment: at T == 0 the noisy logits are the
         # logits themselves, so both EOS and EoT lose their mass; at T > 0 only EoT
         # does (its EOS write lands on the discarded noisy copy).
         conf_inf = self.confidence_eos_eot_inf[slots]
-        eos = logits[:, ids.eos]
-        logits[:, ids.eos] = torch.where(conf_inf & (temperature == 0), float("-inf"), eos)
+        vocab.fill_column(logits, ids.eos, conf_inf & (temperature == 0), float("-inf"))
         if ids.eot is not None:
-            eot = logits[:, ids.eot]
-            logits[:, ids.eot] = torch.where(conf_inf, float("-inf"), eot)
-        probs = torch.softmax(logits, dim=-1)
-        confidence = probs.gather(1, tokens[:, None]).squeeze(1)
+            vocab.fill_column(logits, ids.eot, conf_inf, float("-inf"))
+        probs = vocab.softmax(logits)
+        confidence = vocab.at(probs, tokens)
         if self.remasks_randomly:
             drawn = sampling.uniform(seeds, steps, positions, sampling.REMASK, torch.float32)
             confidence = torch.where(self.random_remasking[slots], drawn, confidence)

@@ -51,10 +51,12 @@ Philox stream, decoding/sampling.py); its probability there is its confidence.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from vllm_dllm.decoding import parallel, sampling
 from vllm_dllm.decoding.base import BatchedRule, DecodeState, StepPlan, register_rule
+from vllm_dllm.decoding.vocab import WHOLE, Vocab
 from vllm_dllm.options import LLADA2, LLaDA2Options
 
 _LOWEST = float("-inf")
@@ -65,17 +67,22 @@ def quota(block_length: torch.Tensor, steps: torch.Tensor, step: torch.Tensor) -
     return block_length // steps + (step < block_length % steps).long()
 
 
-def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, vocab: Vocab = WHOLE,
+                       k_max: int | None = None, any_top_p: bool = True) -> torch.Tensor:
     """The references' top-k then top-p filters per row (top_k <= 0, top_p >= 1: off).
-    Values tied with the k-th are kept; the token crossing top_p is kept."""
-    k = top_k.clamp(min=1, max=logits.shape[-1])
-    kth = torch.sort(logits, dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
-    logits = torch.where((top_k > 0)[:, None] & (logits < kth), _LOWEST, logits)
-    ordered, order = torch.sort(logits, dim=-1, descending=True)
-    cumulative = torch.cumsum(torch.softmax(ordered, dim=-1), dim=-1)
-    remove = cumulative > top_p[:, None]
-    remove = torch.cat([torch.zeros_like(remove[:, :1]), remove[:, :-1]], dim=1) & (top_p < 1)[:, None]
-    return torch.empty_like(logits).scatter_(1, order, ordered.masked_fill(remove, _LOWEST))
+    Values tied with the k-th are kept; the token crossing top_p is kept.  Known on
+    the host: `k_max`, the largest top_k of the rows (0: no row filters by top-k),
+    and `any_top_p`, whether some row filters by top-p."""
+    size = vocab.size(logits)
+    if k_max is None:
+        k_max = int(top_k.clamp(max=size).max())
+    if k_max > 0:
+        kth = vocab.kth_largest(logits, top_k.clamp(min=1, max=min(k_max, size)), min(k_max, size))
+        logits = torch.where((top_k > 0)[:, None] & (logits < kth), _LOWEST, logits)
+    if not any_top_p:
+        return logits
+    removed = vocab.top_p_removed(logits, top_p) & (top_p < 1)[:, None]
+    return logits.masked_fill(removed, _LOWEST)
 
 
 @register_rule(LLADA2)
@@ -99,9 +106,12 @@ class LLaDA2Rule(BatchedRule):
         self.started_masked = zeros(torch.bool)  # the step being run began with masks in its block
         self.streamed = zeros(torch.long)  # canvas positions before it have streamed (structured outputs)
         self.top_k = zeros(torch.long)
+        self.top_k_host = np.zeros(cap, dtype=np.int64)
+        self.top_p_host = np.ones(cap, dtype=np.float32)
+        self.top_k_max, self.any_top_p = 0, False
         self.top_p = torch.ones(cap, dtype=torch.float32, device=device)
         self.filtered = False
-        self.parallel = parallel.ParallelParams(cap, device, state.canvas.shape[1])
+        self.parallel = parallel.ParallelParams(cap, device, state.canvas.shape[1], state.vocab)
 
     def slot_holders(self) -> tuple:
         return (self, self.parallel)
@@ -117,6 +127,8 @@ class LLaDA2Rule(BatchedRule):
         self.post_steps[slot] = 0
         self.streamed[slot] = 0
         self.top_k[slot] = options.top_k or 0
+        self.top_k_host[slot] = options.top_k or 0
+        self.top_p_host[slot] = options.top_p or 1.0
         self.top_p[slot] = options.top_p or 1.0
         self.parallel.admit(slot, options)
 
@@ -124,6 +136,9 @@ class LLaDA2Rule(BatchedRule):
         super().prepare(slots_host)
         # Filters apply only when sampling (at T == 0 the references take the argmax).
         self.filtered = self.sampled
+        slots_host = np.asarray(slots_host)
+        self.top_k_max = int(self.top_k_host[slots_host].max(initial=0))
+        self.any_top_p = bool((self.top_p_host[slots_host] < 1).any())
         self.parallel.prepare(slots_host)
 
     def block_range(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,6 +167,7 @@ class LLaDA2Rule(BatchedRule):
 
     def reduce(self, logits, slots, positions):
         state = self.state
+        vocab = state.vocab
         mask = state.ids.mask
         # Rows still masked: the only ones a parallel rule's credit or entropy touches.
         masked = state.canvas[slots, positions] == mask if self.parallel.active else None
@@ -159,23 +175,24 @@ class LLaDA2Rule(BatchedRule):
         # Confidences are the model's probabilities, the mask's share included; only
         # the choice of token leaves the mask out.
         greedy = logits.clone()
-        greedy[:, mask] = _LOWEST
-        tokens = greedy.argmax(dim=-1)
-        plain = torch.softmax(logits.float(), dim=-1)
-        confidence = plain.gather(1, tokens[:, None]).squeeze(1)
+        vocab.fill_column(greedy, mask, None, _LOWEST)
+        tokens = vocab.argmax(greedy)
+        plain = vocab.softmax(logits.float())
+        confidence = vocab.at(plain, tokens)
         if not self.sampled:
             return tokens, self.parallel.rank_by_entropy(slots, plain, confidence, masked)
         temperature = state.temperature[slots]
         hot = temperature > 0
         scaled = logits.double() / torch.where(hot, temperature, 1.0).double()[:, None]
-        scaled = filter_top_k_top_p(scaled, self.top_k[slots], self.top_p[slots])
-        probs = torch.softmax(scaled, dim=-1)
+        scaled = filter_top_k_top_p(scaled, self.top_k[slots], self.top_p[slots], vocab, self.top_k_max,
+                                    self.any_top_p)
+        probs = vocab.softmax(scaled)
         drawable = probs.clone()
-        drawable[:, mask] = 0
+        vocab.fill_column(drawable, mask, None, 0.0)
         u = sampling.uniform(state.seed[slots], state.step[slots], positions, sampling.LLADA_SAMPLE, torch.float64)
-        drawn = sampling.inverse_cdf(drawable, u)
+        drawn = vocab.inverse_cdf(drawable, u)
         tokens = torch.where(hot, drawn, tokens)
-        drawn_conf = probs.gather(1, drawn[:, None]).squeeze(1).float()
+        drawn_conf = vocab.at(probs, drawn).float()
         confidence = torch.where(hot, drawn_conf, confidence)
         if not self.parallel.ranks_by_entropy:
             return tokens, confidence

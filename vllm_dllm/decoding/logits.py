@@ -3,20 +3,33 @@
 Only hidden rows whose canvas position needs a token reach the LM head, at most
 `max_rows` logits rows at a time whichever requests they belong to; each chunk is
 reduced at once to (token, confidence) by the rule and freed.  The full
-[tokens, vocab] tensor never exists.
+[tokens, vocab] tensor never exists.  Under tensor parallelism `project` gives this
+rank's vocabulary columns and the rule reduces them through its state's
+`VocabShard` (decoding/vocab.py): no rank holds a whole logits row either.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from vllm_dllm.decoding.base import BatchedRule
 from vllm_dllm.decoding.logprobs import LogprobsCollector
 from vllm_dllm.decoding.grammar_mask import mask_rows
+from vllm_dllm.decoding.vocab import WHOLE, Vocab
 
 Project = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LMHead:
+    """Hidden rows to logits rows (`project`), and the vocabulary columns those
+    rows hold: the whole vocabulary, or this rank's shard under TP."""
+
+    project: Project
+    vocab: Vocab = WHOLE
 
 
 def rows_per_chunk(max_rows: int, copies: int) -> int:
@@ -68,7 +81,7 @@ def chunked_reduce(
             logits = uncond + (cfg_scale[chunk, None] + 1) * (cond - uncond)
             del cond, uncond
         if grammar is not None:
-            logits = mask_rows(logits, grammar[0], grammar[1][chunk])
+            logits = mask_rows(logits, grammar[0], grammar[1][chunk], rule.state.vocab.columns(logits))
         raw = logits.clone() if logprobs is not None else None  # the rule may edit logits in place
         chunk_tokens, chunk_conf = rule.reduce(logits, slots[chunk], positions[chunk])
         del logits

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from vllm_dllm.decoding.vocab import WHOLE, Vocab
+
 
 @dataclass
 class CandidateLogprobs:
@@ -31,13 +33,14 @@ class CandidateLogprobs:
                    torch.cat([p.rank for p in parts]))
 
 
-def candidate_logprobs(raw_logits: torch.Tensor, tokens: torch.Tensor, k: int) -> CandidateLogprobs:
-    """Logprob rows for `tokens`, one per row of `raw_logits` ([n, vocab])."""
-    logprobs = raw_logits.float().log_softmax(dim=-1)
-    token_logprob = logprobs.gather(1, tokens[:, None])
-    top_values, top_ids = logprobs.topk(k, dim=-1)
+def candidate_logprobs(raw_logits: torch.Tensor, tokens: torch.Tensor, k: int, vocab: Vocab = WHOLE) -> CandidateLogprobs:
+    """Logprob rows for `tokens`, one per row of `raw_logits` ([n, vocab] or the
+    rows' columns of `vocab`)."""
+    logprobs = vocab.log_softmax(raw_logits.float())
+    token_logprob = vocab.at(logprobs, tokens)[:, None]
+    top_values, top_ids = vocab.topk(logprobs, k)
     # vLLM's rank counts the tokens at least as likely as the sampled one.
-    rank = (logprobs >= token_logprob).sum(dim=-1)
+    rank = vocab.sum((logprobs >= token_logprob).long())
     return CandidateLogprobs(
         ids=torch.cat([tokens[:, None], top_ids], dim=1),
         values=torch.cat([token_logprob, top_values], dim=1),
@@ -48,13 +51,14 @@ def candidate_logprobs(raw_logits: torch.Tensor, tokens: torch.Tensor, k: int) -
 class LogprobsCollector:
     """Gathers the logprob rows of a step's candidates chunk by chunk."""
 
-    def __init__(self, k: int, device: torch.device):
+    def __init__(self, k: int, device: torch.device, vocab: Vocab = WHOLE):
         self.k = k
         self.device = device
+        self.vocab = vocab
         self.parts: list[CandidateLogprobs] = []
 
     def add(self, raw_logits: torch.Tensor, tokens: torch.Tensor) -> None:
-        self.parts.append(candidate_logprobs(raw_logits, tokens, self.k))
+        self.parts.append(candidate_logprobs(raw_logits, tokens, self.k, self.vocab))
 
     def result(self) -> CandidateLogprobs:
         if not self.parts:

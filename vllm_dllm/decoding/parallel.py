@@ -59,6 +59,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from vllm_dllm.decoding.vocab import WHOLE, Vocab
 from vllm_dllm.options import DECODING_RULES
 
 FIXED, THRESHOLD, FACTOR, ENTROPY_BOUND, HIERARCHY, CREDIT = (DECODING_RULES.index(name) for name in DECODING_RULES)
@@ -212,20 +213,21 @@ def commit_counts(
     return torch.where(codes == FIXED, floor, count)
 
 
-def entropy(probs: torch.Tensor) -> torch.Tensor:
+def entropy(probs: torch.Tensor, vocab: Vocab = WHOLE) -> torch.Tensor:
     """Entropy of each row of a probability matrix (0 log 0 = 0)."""
-    return torch.special.entr(probs).sum(dim=-1)
+    return vocab.sum(torch.special.entr(probs))
 
 
 class ParallelParams:
     """Per-slot parallel-decoding parameters of a rule, and the two decisions they
     drive: how many candidates a request commits, and whether its block ended."""
 
-    def __init__(self, capacity: int, device: torch.device, max_gen: int):
+    def __init__(self, capacity: int, device: torch.device, max_gen: int, vocab: Vocab = WHOLE):
         def zeros(dtype):
             return torch.zeros(capacity, dtype=dtype, device=device)
 
         self.max_gen = max_gen
+        self.vocab = vocab
         # Credit per (slot, canvas position): the tokens holding it (-1: none) and
         # its amount; allocated when the first credit request arrives.
         self.credit_tokens: torch.Tensor | None = None
@@ -309,7 +311,7 @@ class ParallelParams:
             uses = uses & masked
         tokens = self.credit_tokens[slots, positions]  # [N, K]
         values = self.credit_values[slots, positions] * self.credit_decay[slots, None]
-        top_p, top = torch.softmax(logits.float(), dim=-1).max(dim=-1)
+        top_p, top = self.vocab.max(self.vocab.softmax(logits.float()))
         gain = top_p.pow(self.credit_boost[slots])
         match = tokens == top[:, None]
         held = match.any(dim=1)
@@ -320,7 +322,7 @@ class ParallelParams:
         self.credit_tokens[slots, positions] = torch.where(uses[:, None], tokens, self.credit_tokens[slots, positions])
         self.credit_values[slots, positions] = torch.where(uses[:, None], values, self.credit_values[slots, positions])
         boost = self.credit_alpha[slots, None] * torch.log1p(values) * uses[:, None]
-        return logits.scatter_add(1, tokens.clamp(min=0), (boost * (tokens >= 0)).to(logits.dtype))
+        return self.vocab.scatter_add(logits, tokens, boost)
 
     def rank_by_entropy(self, slots: torch.Tensor, probs: torch.Tensor, confidence: torch.Tensor,
                         masked: torch.Tensor | None = None) -> torch.Tensor:
@@ -331,7 +333,7 @@ class ParallelParams:
         rows = self._rows_of(slots, "ranks_by_entropy")
         if masked is not None:
             rows = rows & masked
-        return torch.where(rows, -entropy(probs).to(confidence.dtype), confidence)
+        return torch.where(rows, -entropy(probs, self.vocab).to(confidence.dtype), confidence)
 
     def ranking_keys(self, slots: torch.Tensor, plan, keys: torch.Tensor) -> torch.Tensor:
         """Keys of the requests whose rule reranks (hierarchy: its selection first)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from vllm_dllm.decoding.vocab import WHOLE, Vocab
 from vllm_dllm.engine import philox
 
 # Stream identifiers: one per kind of draw, so no two draws share bits.
@@ -36,16 +37,14 @@ def uniform(seeds, steps, positions, stream: int, dtype: torch.dtype) -> torch.T
     return philox.uniform(seeds, steps, positions, stream, dtype)
 
 
-def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor, vocab: Vocab = WHOLE) -> torch.Tensor:
     """Per row, the smallest id whose cumulative probability exceeds u * total."""
-    cdf = torch.cumsum(probs.double(), dim=-1)
-    drawn = torch.searchsorted(cdf, (u.double() * cdf[:, -1])[:, None], right=True).squeeze(1)
-    return drawn.clamp(max=probs.shape[-1] - 1)
+    return vocab.inverse_cdf(probs, u)
 
 
-def sample(logits: torch.Tensor, temperature: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+def sample(logits: torch.Tensor, temperature: torch.Tensor, u: torch.Tensor, vocab: Vocab = WHOLE) -> torch.Tensor:
     """A token from softmax(logits / T) per row (float64); rows at T == 0 take the argmax."""
     hot = temperature > 0
     scaled = logits.double() / torch.where(hot, temperature, 1.0).double()[:, None]
-    drawn = inverse_cdf(torch.softmax(scaled, dim=-1), u)
-    return torch.where(hot, drawn, logits.argmax(dim=-1))
+    drawn = vocab.inverse_cdf(vocab.softmax(scaled), u)
+    return torch.where(hot, drawn, vocab.argmax(logits))

@@ -23,7 +23,7 @@ import torch
 
 from vllm_dllm.attention.metadata import attention_metadata
 from vllm_dllm.decoding.base import PAD, DecodeState, SpecialIds, make_rule
-from vllm_dllm.decoding.logits import chunked_reduce
+from vllm_dllm.decoding.logits import LMHead, chunked_reduce
 from vllm_dllm.decoding.logprobs import LogprobsCollector
 from vllm_dllm.engine.constraints import FrontierMasks, GrammarStep, block_of, frontier_masks, return_to_mask
 from vllm_dllm.engine.graphs import ReuseGraphs
@@ -96,7 +96,7 @@ class StepEngine:
 
     `model(input_ids, positions)` returns hidden states and reads attention metadata
     from the context; `model.compute_logits(hidden_rows)` projects rows to the
-    vocabulary; `model.logits_shift` says whether token j is predicted from the
+    vocabulary (or `lm_head` to this rank's shard of it); `model.logits_shift` says whether token j is predicted from the
     hidden state at j - 1 (Dream) or at j (LLaDA).
     """
 
@@ -118,6 +118,7 @@ class StepEngine:
         model_context: ModelContext | None = None,
         prefill_chunk: int = 0,
         max_logprobs: int = 20,
+        lm_head: LMHead | None = None,
     ):
         """`cuda_graphs`: replay captured forwards for Reuse steps (engine/graphs.py)
         where the device and backend allow it; `graph_capture` replaces the plain
@@ -127,7 +128,9 @@ class StepEngine:
         layers look themselves up there), nothing otherwise.  `prefill_chunk`: the
         most tokens a block-causal prefill step runs (phases.block_causal_phase), 0:
         the whole prefix in one step.  `max_logprobs`: the most top logprobs a
-        request may ask for per token (vLLM's --max-logprobs)."""
+        request may ask for per token (vLLM's --max-logprobs).  `lm_head`: logits
+        rows of a vocabulary shard and its `VocabShard` (tensor parallelism); by
+        default the model's whole-vocabulary `compute_logits`."""
         self.model = model
         self.model_context = model_context or _no_context
         self.ids = ids
@@ -138,7 +141,8 @@ class StepEngine:
         self.backend = backend
         self.device = device
         self.logits_shift = bool(getattr(model, "logits_shift", False))
-        self.decode = DecodeState(capacity, max_model_len, ids, device)
+        self.lm_head = lm_head or LMHead(model.compute_logits)
+        self.decode = DecodeState(capacity, max_model_len, ids, device, self.lm_head.vocab)
         self.rule = make_rule(kind, self.decode)
         max_blocks = -(-2 * max_model_len // block_size)  # a CFG twin doubles a request
         self.block_table = torch.zeros(capacity, max_blocks, dtype=torch.int32, device=device)
@@ -514,7 +518,8 @@ class StepEngine:
         slots = to_device(slots_host, self.device)
         seqs = to_device(np.stack([request_seq, twin_seq]), self.device)
         logprobs_k = self.logprobs.step_width(slots_host)
-        collector = LogprobsCollector(logprobs_k, self.device) if logprobs_k is not None else None
+        collector = (LogprobsCollector(logprobs_k, self.device, self.lm_head.vocab)
+                     if logprobs_k is not None else None)
         before = self.decode.canvas[slots, :width].clone() if collector is not None else None
         done = self.rule.denoise(
             slots_host, slots, width,
@@ -570,7 +575,7 @@ class StepEngine:
             inputs.query_start_loc[seqs[0]] + offset,
             cand_slots,
             positions,
-            self.model.compute_logits,
+            self.lm_head.project,
             self.rule,
             self.max_num_logits,
             uncond_rows=uncond_rows,
@@ -610,7 +615,7 @@ class StepEngine:
         with attention_metadata(inputs.metadata), self.model_context(len(inputs.input_ids)):
             hidden = self.model(torch.zeros_like(inputs.input_ids), inputs.positions)
         rows = min(self.max_num_logits, len(hidden))
-        logits = self.model.compute_logits(hidden[:rows])
+        logits = self.lm_head.project(hidden[:rows])
         # The costliest reduction: a float64 softmax and cumulative sum over every row.
         cdf = torch.cumsum(torch.softmax(logits.double(), dim=-1), dim=-1)
         del cdf, logits, hidden

@@ -156,14 +156,15 @@ class ElboScorer:
         logprobs = torch.empty(len(cond_rows), dtype=torch.float64, device=device)
         guided = any(task.copies == 2 for task in tasks)
         step = max(engine.max_num_logits // 2, 1) if guided else engine.max_num_logits
+        project, vocab = engine.lm_head.project, engine.lm_head.vocab
         for start in range(0, len(cond_rows), step):
             chunk = slice(start, start + step)
-            logits = engine.model.compute_logits(hidden[cond_rows[chunk]]).float()
+            logits = project(hidden[cond_rows[chunk]]).float()
             if guided:
-                uncond = engine.model.compute_logits(hidden[uncond_rows[chunk]]).float()
+                uncond = project(hidden[uncond_rows[chunk]]).float()
                 scale = cfg[chunk, None]
                 logits = torch.where(scale > 0, uncond + (scale + 1) * (logits - uncond), logits)
-            logprobs[chunk] = logits.log_softmax(dim=-1).gather(1, targets[chunk, None])[:, 0].double()
+            logprobs[chunk] = vocab.at(vocab.log_softmax(logits), targets[chunk]).double()
         totals = torch.zeros(first_sample, dtype=torch.float64, device=device)
         totals.index_add_(0, to_device(torch.cat(sample_rows), device), logprobs)
         weights = torch.cat([d.weight for d in draws])

@@ -121,9 +121,10 @@ class PromptScorer:
         rows = to_device(starts + predicts, engine.device)
         targets = engine.prompt_tokens[to_device(seq_slot, engine.device), to_device(masked_from, engine.device)]
         parts = []
+        head = engine.lm_head
         for start in range(0, len(rows), engine.max_num_logits):
             chunk = slice(start, start + engine.max_num_logits)
-            parts.append(candidate_logprobs(engine.model.compute_logits(hidden[rows[chunk]]), targets[chunk], k))
+            parts.append(candidate_logprobs(head.project(hidden[rows[chunk]]), targets[chunk], k, head.vocab))
         ids = torch.cat([p.ids for p in parts]).cpu().numpy()
         values = torch.cat([p.values for p in parts]).cpu().numpy()
         ranks = torch.cat([p.rank for p in parts]).cpu().numpy()

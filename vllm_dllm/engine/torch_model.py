@@ -98,6 +98,9 @@ class TorchDiffusionLM(nn.Module):
     def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden_rows)
 
+    def output_head(self) -> nn.Module:
+        return self.lm_head
+
     def attention_layers(self) -> list[DiffusionAttention]:
         return [layer.attn for layer in self.layers]
 

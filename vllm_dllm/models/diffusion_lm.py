@@ -43,6 +43,10 @@ class DiffusionLM(nn.Module):
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.model.project(hidden_states)
 
+    def output_head(self) -> nn.Module:
+        """The LM head (a ParallelLMHead: under TP, this rank's vocabulary rows)."""
+        return self.model.lm_head
+
     def prediction_rows(self, positions: torch.Tensor) -> torch.Tensor:
         """Sequence positions whose hidden states predict the tokens at `positions`."""
         if not self.logits_shift:

@@ -78,6 +78,10 @@ class MoeDiffusionLM(nn.Module):
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.logits_processor(self.lm_head, hidden_states)
 
+    def output_head(self) -> nn.Module:
+        """The LM head (under TP, this rank's vocabulary rows)."""
+        return self.lm_head
+
     def prediction_rows(self, positions: torch.Tensor) -> torch.Tensor:
         return positions
 

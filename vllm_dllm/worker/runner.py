@@ -30,6 +30,7 @@ from vllm_dllm.options import resolve
 from vllm_dllm.server_config import BLOCK_CAUSAL_KINDS, prefill_chunk, server_defaults
 from vllm_dllm.worker.kv_pool import bind_kv_pool
 from vllm_dllm.worker.special_ids import special_ids
+from vllm_dllm.worker.vocab_parallel import vocab_parallel_head
 
 logger = init_logger(__name__)
 
@@ -116,6 +117,7 @@ class DiffusionModelRunner:
             model_context=self._forward_context,
             prefill_chunk=prefill_chunk(self.vllm_config),
             max_logprobs=self.model_config.max_logprobs,
+            lm_head=vocab_parallel_head(self.model.output_head()),
         )
 
     def self_check(self) -> None:
