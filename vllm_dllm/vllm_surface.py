@@ -523,12 +523,16 @@ _V2 = "V2 model runner only; keep_v1_model_runner keeps V2 off"
 _GPU_OVERRIDDEN = "on paths DiffusionGPUWorker overrides (determine_available_memory / compile_or_warm_up_model)"
 RUNNER_CALLS: tuple[RunnerCalls, ...] = (
     RunnerCalls(
-        modules=("vllm.v1.worker.worker_base", "vllm.v1.worker.gpu_worker", "vllm.v1.worker.cpu_worker"),
+        # ray_utils: Ray's worker wrapper (--distributed-executor-backend ray) steps the
+        # runner itself: execute_model, then sample_tokens only if it returned None.
+        modules=("vllm.v1.worker.worker_base", "vllm.v1.worker.gpu_worker", "vllm.v1.worker.cpu_worker",
+                 "vllm.v1.executor.ray_utils"),
         provided=frozenset({
             "load_model", "get_model", "get_supported_tasks", "update_max_model_len", "get_kv_cache_spec",
             "initialize_kv_cache", "take_draft_token_ids", "get_draft_model", "get_encoder_timing_stats",
             "maybe_remove_all_loras", "shutdown", "reset_mm_cache", "reset_encoder_cache", "sample_tokens",
             "execute_model", "warming_up_model", "is_pooling_model", "lora_config", "model", "kv_caches",
+            "supports_mm_inputs",
         }),
         not_needed={
             "_dummy_run": _GPU_OVERRIDDEN,
