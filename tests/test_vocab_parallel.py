@@ -226,3 +226,50 @@ def test_cross_rank_traffic_grows_with_rows_not_vocabulary(name, kind, specs, mo
 def test_a_shard_outside_the_vocabulary_is_refused():
     with pytest.raises(ValueError, match=r"shard \[30, 70\) does not lie in a vocabulary of 61"):
         VocabShard(30, 70, 61, 1, lambda t: t[None])
+
+
+@pytest.mark.parametrize("kind,spec", [(DREAM, dict(temperature=0.01)), (LLADA, dict(temperature=0.01)),
+                                       (LLADA2, dict(temperature=0.01, top_k=5))])
+def test_a_shard_without_a_finite_logit_weighs_nothing(kind, spec):
+    """A grammar (or top-k) that leaves one rank's columns all at -inf, at a low
+    temperature that puts the other ranks' logits far below 0 (-800): the softmax is
+    the one device's, not -inf over -inf."""
+    requests = [(options(kind, **spec), 123)]
+    logits = torch.full((2, V), float("-inf"))
+    logits[:, 3:6] = torch.tensor([-8.0, -9.0, -8.5])  # all on rank 0 of two
+    slots, positions = torch.tensor([0, 0]), torch.tensor([0, 1])
+    tokens, confidence = whole_reduce(kind, requests, slots, positions, logits)
+    assert tokens.tolist() == [3, 3] and torch.isfinite(confidence).all()
+    for rank_tokens, rank_confidence in sharded_reduce(kind, requests, slots, positions, logits, 2):
+        assert torch.equal(rank_tokens, tokens)
+        torch.testing.assert_close(rank_confidence, confidence, rtol=RTOL, atol=ATOL)
+
+
+def test_top_k_wider_than_a_shard_returns_real_tokens_only():
+    """Top logprobs wider than a rank's columns, in a row mostly at -inf: every id
+    returned is a real token, as on one device."""
+    logits = torch.full((1, V), float("-inf"))
+    logits[0, [0, 4, 7]] = torch.tensor([2.0, 1.0, 0.5])
+    k = 25  # three ranks hold 21, 21 and 19 columns
+    want_values = WHOLE.topk(logits, k)[0]
+    for values, ids in run_sharded(lambda vocab, start, end: vocab.topk(logits[:, start:end], k), V, 3):
+        assert torch.equal(values, want_values)
+        assert ids[0, :3].tolist() == [0, 4, 7] and (ids >= 0).all() and len(set(ids[0].tolist())) == k
+
+
+def test_a_ranks_columns_drop_its_padding_and_honour_head_dtype():
+    """worker/vocab_parallel.shard_logits: the shard's real vocabulary columns only
+    (vLLM pads each shard's rows), projected in vLLM's head_dtype when one is set."""
+    from types import SimpleNamespace
+
+    from vllm_dllm.worker.vocab_parallel import shard_logits
+
+    weight = torch.randn(8, 4, dtype=torch.bfloat16)  # 5 real rows, 3 padding
+    head = SimpleNamespace(weight=weight, shard_indices=SimpleNamespace(num_org_elements=5),
+                           quant_method=SimpleNamespace(apply=lambda layer, x, bias=None: x @ layer.weight.T))
+    hidden = torch.randn(3, 4, dtype=torch.bfloat16)
+    plain = shard_logits(head, None, hidden)
+    assert plain.shape == (3, 5) and plain.dtype == torch.bfloat16
+    wide = shard_logits(head, torch.float32, hidden)
+    assert wide.dtype == torch.float32
+    torch.testing.assert_close(wide, hidden.float() @ weight[:5].float().T)

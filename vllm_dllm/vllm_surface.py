@@ -374,7 +374,7 @@ MEMBERS: tuple[Members, ...] = (
         ("hf_config", "model", "revision", "seed", "max_model_len", "served_model_name",
          "override_generation_config", "logits_processors", "tokenizer", "tokenizer_revision",
          "trust_remote_code", "get_diff_sampling_param", "max_logprobs", "logprobs_mode",
-         "get_total_num_kv_heads"),
+         "get_total_num_kv_heads", "head_dtype"),
     ),
     Members(f"{LAYERS}.vocab_parallel_embedding", "VocabParallelEmbedding",
             ("quant_method", "shard_indices", "tp_size", "tp_rank", "org_vocab_size"), "worker/vocab_parallel.py"),

@@ -23,7 +23,8 @@ import torch
 Gather = Callable[[torch.Tensor], torch.Tensor]
 
 # Rounds of the top-p threshold search, each cutting the interval into 16: 16**14 =
-# 2**56, below the spacing of any two logits that are not a tie.
+# 2**56 of at most 800 (logit units): logits within 1e-14 of each other may fall on
+# either side of the cut, as ties do (their probabilities differ by 1e-14 relative).
 _TOP_P_ROUNDS = 14
 _TOP_P_POINTS = 15
 # exp(-800) underflows float64: logits this far below a row's max carry no mass.
@@ -130,12 +131,14 @@ class VocabShard(Vocab):
     def logsumexp(self, x: torch.Tensor) -> torch.Tensor:
         """float64 log(sum(exp(x))) over the whole vocabulary, per row."""
         top = x.max(dim=-1).values.double()
-        shift = torch.where(torch.isfinite(top), top, 0.0)
-        local = torch.exp(x.double() - shift[:, None]).sum(dim=-1)
-        both = self._gathered(shift, local)
+        local = torch.exp(x.double() - torch.where(torch.isfinite(top), top, 0.0)[:, None]).sum(dim=-1)
+        # A shard whose columns are all -inf (a grammar, top-k) sends -inf as its max
+        # and weighs nothing, however far below 0 the other shards' maxima lie.
+        both = self._gathered(top, local)
         peak = both[..., 0].max(dim=0).values
-        total = (both[..., 1] * torch.exp(both[..., 0] - peak)).sum(dim=0)
-        return peak + torch.log(total)
+        shift = torch.where(torch.isfinite(peak), peak, 0.0)
+        total = (both[..., 1] * torch.exp(both[..., 0] - shift)).sum(dim=0)
+        return shift + torch.log(total)
 
     def softmax(self, x: torch.Tensor) -> torch.Tensor:
         return torch.exp(x.double() - self.logsumexp(x)[:, None]).to(x.dtype)
@@ -175,8 +178,12 @@ class VocabShard(Vocab):
         both = self.gather(torch.cat([values.double(), (ids + self.start).double()], dim=1))
         merged_values = both[..., :k].permute(1, 0, 2).reshape(rows, -1)
         merged_ids = both[..., k:].permute(1, 0, 2).reshape(rows, -1)
-        best, where = merged_values.topk(k, dim=-1)
-        return best.to(x.dtype), merged_ids.gather(1, where).long()
+        # Padding loses every tie, even with a real token at -inf: real entries first,
+        # then a stable sort by value.
+        real_first = torch.argsort((merged_ids < 0).int(), dim=1, stable=True)
+        merged_values, merged_ids = merged_values.gather(1, real_first), merged_ids.gather(1, real_first)
+        best, where = torch.sort(merged_values, dim=1, descending=True, stable=True)
+        return best[:, :k].to(x.dtype), merged_ids.gather(1, where[:, :k]).long()
 
     def kth_largest(self, x: torch.Tensor, k: torch.Tensor, k_max: int) -> torch.Tensor:
         values, _ = self.topk(x, k_max)

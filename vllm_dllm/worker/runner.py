@@ -117,7 +117,7 @@ class DiffusionModelRunner:
             model_context=self._forward_context,
             prefill_chunk=prefill_chunk(self.vllm_config),
             max_logprobs=self.model_config.max_logprobs,
-            lm_head=vocab_parallel_head(self.model.output_head()),
+            lm_head=vocab_parallel_head(self.model.output_head(), getattr(self.model_config, "head_dtype", None)),
         )
 
     def self_check(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_gather
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
@@ -29,14 +30,17 @@ def gather_over_tp(t: torch.Tensor) -> torch.Tensor:
     return gathered.view(torch.float64) if wide else gathered
 
 
-def shard_logits(head: ParallelLMHead, hidden_rows: torch.Tensor) -> torch.Tensor:
+def shard_logits(head: ParallelLMHead, head_dtype: torch.dtype | None, hidden_rows: torch.Tensor) -> torch.Tensor:
     """This rank's logits columns for `hidden_rows`: its vocabulary shard, without
-    the shard's padding."""
-    logits = head.quant_method.apply(head, hidden_rows, bias=None)
-    return logits[:, : head.shard_indices.num_org_elements]
+    the shard's padding.  `head_dtype` (vLLM's `--hf-overrides '{"head_dtype": ...}'`)
+    projects in that dtype, as LogitsProcessor does on one rank (a plain weight only)."""
+    columns = head.shard_indices.num_org_elements
+    if head_dtype is not None and head_dtype != hidden_rows.dtype:
+        return F.linear(hidden_rows.to(head_dtype), head.weight[:columns].to(head_dtype))
+    return head.quant_method.apply(head, hidden_rows, bias=None)[:, :columns]
 
 
-def vocab_parallel_head(head: torch.nn.Module) -> LMHead | None:
+def vocab_parallel_head(head: torch.nn.Module, head_dtype: torch.dtype | None = None) -> LMHead | None:
     """The sharded LM head of a TP model; None for a head that holds the whole
     vocabulary (one rank, or a plain torch model): the model's own compute_logits."""
     if not isinstance(head, ParallelLMHead) or head.tp_size == 1:
@@ -44,4 +48,4 @@ def vocab_parallel_head(head: torch.nn.Module) -> LMHead | None:
     shard = head.shard_indices
     vocab = VocabShard(shard.org_vocab_start_index, shard.org_vocab_end_index, head.org_vocab_size,
                        head.tp_rank, gather_over_tp)
-    return LMHead(functools.partial(shard_logits, head), vocab)
+    return LMHead(functools.partial(shard_logits, head, head_dtype), vocab)
