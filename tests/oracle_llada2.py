@@ -229,6 +229,7 @@ def llada2_generate(
     seed: int = 0,
     decoding: str = "fixed",
     commit_logits: dict | None = None,
+    edit_log: list | None = None,
     **rule_params: float,
 ) -> Llada2Result:
     """LLaDA2.0's generate (editing_threshold None) or LLaDA2.1's (set).  Draws at
@@ -245,7 +246,8 @@ def llada2_generate(
     post steps.  Credit is dInfer's dense [position, vocabulary] matrix, per block.
 
     `commit_logits`, if given, receives per canvas position the model's logits at
-    the step that last wrote it (a commit or an edit)."""
+    the step that last wrote it (a commit or an edit).  With `edit_log`, each edit
+    appends (canvas position, token before, token after)."""
     from tests.oracle_rules import credit_fuse, parallel_parameters
     from tests.oracle_model import STREAM_LLADA_SAMPLE, uniform64
 
@@ -348,6 +350,8 @@ def llada2_generate(
                 if temperature == 0:
                     ties += sum(_argmax_tied(logits[i]) for i in (m2t | editable).nonzero().flatten().tolist())
                 edits += int(t2t.sum())
+                if edit_log is not None:
+                    edit_log.extend((start + i - P, int(old[i]), int(x0[i])) for i in t2t.nonzero().flatten().tolist())
                 x[start:end] = torch.where(m2t | t2t, x0, old)
                 keep_logits(start, m2t | t2t)
                 record(start)
