@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.decoding_harness import _one_thread  # noqa: F401 (an autouse fixture: a thread per simulated rank)
 from tests.vocab_shards import Exchange, run_sharded
 from vllm_dllm.decoding.base import DecodeState, SpecialIds, make_rule
 from vllm_dllm.decoding.dream import filter_top_p_top_k
@@ -33,15 +34,6 @@ V = 61  # prime: shards of 31/30 (two ranks) and 21/21/19 (three)
 IDS = SpecialIds(mask=V - 1, eos=2, eot=7)
 CPU = torch.device("cpu")
 RTOL, ATOL = 1e-5, 1e-6
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Each simulated rank is a thread: intra-op threads would only contend."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def options(kind, temperature=0.0, top_p=1.0, top_k=0, **extra):
