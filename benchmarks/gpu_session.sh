@@ -6,7 +6,8 @@
 #   bash benchmarks/gpu_session.sh check   # ~1 min: step_bench at toy sizes on CUDA
 #                                          #  (every case and branch), then the Triton
 #                                          #  kernels compiled, against their torch references,
-#                                          #  and the start-up self-check (worker/self_check.py)
+#                                          #  the start-up self-check (worker/self_check.py)
+#                                          #  and the vocabulary-parallel rules on CUDA
 #   bash benchmarks/gpu_session.sh bench   # the LLaDA-8B-shaped step_bench (bf16)
 #
 # `check` first: it fails in seconds where the long run would fail after minutes.
@@ -31,6 +32,7 @@ check)
         "$py" -m vllm_dllm.worker.self_check --dtype $dtype 2>&1 | tee -a "$out/self-check.log"
     done
     "$py" -m pytest -q -p no:cacheprovider tests/test_step_bench.py tests/test_triton_attention.py \
+        tests/test_vocab_parallel.py \
         tests/test_philox.py 2>&1 | tee "$out/triton-tests.log"
     ;;
 bench)

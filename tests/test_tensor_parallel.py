@@ -196,3 +196,23 @@ def test_two_ranks_follow_the_grammar(served, grammar_kit):
         return
     modes = checks.DREAM_MODES if arch == "dream" else checks.LLADA2_MODES
     checks.check_all_parse(llm, modes, [0.0, 0.7], random.Random(12))
+
+
+def test_a_ranks_columns_drop_its_padding_and_honour_head_dtype():
+    """worker/vocab_parallel.shard_logits: the shard's real vocabulary columns only
+    (vLLM pads each shard's rows), projected in vLLM's head_dtype when one is set."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from vllm_dllm.worker.vocab_parallel import shard_logits
+
+    weight = torch.randn(8, 4, dtype=torch.bfloat16)  # 5 real rows, 3 padding
+    head = SimpleNamespace(weight=weight, shard_indices=SimpleNamespace(num_org_elements=5),
+                           quant_method=SimpleNamespace(apply=lambda layer, x, bias=None: x @ layer.weight.T))
+    hidden = torch.randn(3, 4, dtype=torch.bfloat16)
+    plain = shard_logits(head, None, hidden)
+    assert plain.shape == (3, 5) and plain.dtype == torch.bfloat16
+    wide = shard_logits(head, torch.float32, hidden)
+    assert wide.dtype == torch.float32
+    torch.testing.assert_close(wide, hidden.float() @ weight[:5].float().T)

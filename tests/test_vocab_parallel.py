@@ -33,6 +33,8 @@ from vllm_dllm.server_defaults import ServerDefaults
 V = 61  # prime: shards of 31/30 (two ranks) and 21/21/19 (three)
 IDS = SpecialIds(mask=V - 1, eos=2, eot=7)
 CPU = torch.device("cpu")
+# The rules' sharded reductions also run on CUDA where there is one (benchmarks/gpu_session.sh check).
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 RTOL, ATOL = 1e-5, 1e-6
 
 
@@ -68,8 +70,8 @@ CASES = [
 class Batch:
     """A rule with requests admitted, as one rank (or one device) holds it."""
 
-    def __init__(self, kind, requests, vocab):
-        self.state = DecodeState(len(requests), 32, IDS, CPU, vocab)
+    def __init__(self, kind, requests, vocab, device=CPU):
+        self.state = DecodeState(len(requests), 32, IDS, torch.device(device), vocab)
         self.rule = make_rule(kind, self.state)
         for slot, (opts, seed) in enumerate(requests):
             self.state.admit(slot, opts, seed)
@@ -91,7 +93,7 @@ def draw_case(kind, specs, rng: random.Random):
 
 
 def whole_reduce(kind, requests, slots, positions, logits):
-    return Batch(kind, requests, WHOLE).reduce(logits.clone(), slots, positions)
+    return Batch(kind, requests, WHOLE, logits.device).reduce(logits.clone(), slots, positions)
 
 
 def near_tie(kind, requests, slots, positions, logits) -> bool:
@@ -104,18 +106,20 @@ def near_tie(kind, requests, slots, positions, logits) -> bool:
 
 def sharded_reduce(kind, requests, slots, positions, logits, world, exchange=None):
     def rank(vocab, start, end):
-        return Batch(kind, requests, vocab).reduce(logits[:, start:end].clone(), slots, positions)
+        return Batch(kind, requests, vocab, logits.device).reduce(logits[:, start:end].clone(), slots, positions)
 
     return run_sharded(rank, V, world, exchange)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("name,kind,specs", CASES, ids=[c[0] for c in CASES])
-def test_every_rule_reduces_sharded_as_on_one_device(name, kind, specs, world):
+def test_every_rule_reduces_sharded_as_on_one_device(name, kind, specs, world, device):
     rng = random.Random(f"{name}/{world}")
     tie_free, ties = 0, 0
     while tie_free < 12:
-        requests, slots, positions, logits = draw_case(kind, specs, rng)
+        requests, slots, positions, logits = (t.to(device) if isinstance(t, torch.Tensor) else t
+                                              for t in draw_case(kind, specs, rng))
         if near_tie(kind, requests, slots, positions, logits):
             ties += 1
             assert ties <= 4, f"{name}: near-ties are not rare ({ties} against {tie_free} tie-free cases)"
@@ -248,20 +252,3 @@ def test_top_k_wider_than_a_shard_returns_real_tokens_only():
         assert torch.equal(values, want_values)
         assert ids[0, :3].tolist() == [0, 4, 7] and (ids >= 0).all() and len(set(ids[0].tolist())) == k
 
-
-def test_a_ranks_columns_drop_its_padding_and_honour_head_dtype():
-    """worker/vocab_parallel.shard_logits: the shard's real vocabulary columns only
-    (vLLM pads each shard's rows), projected in vLLM's head_dtype when one is set."""
-    from types import SimpleNamespace
-
-    from vllm_dllm.worker.vocab_parallel import shard_logits
-
-    weight = torch.randn(8, 4, dtype=torch.bfloat16)  # 5 real rows, 3 padding
-    head = SimpleNamespace(weight=weight, shard_indices=SimpleNamespace(num_org_elements=5),
-                           quant_method=SimpleNamespace(apply=lambda layer, x, bias=None: x @ layer.weight.T))
-    hidden = torch.randn(3, 4, dtype=torch.bfloat16)
-    plain = shard_logits(head, None, hidden)
-    assert plain.shape == (3, 5) and plain.dtype == torch.bfloat16
-    wide = shard_logits(head, torch.float32, hidden)
-    assert wide.dtype == torch.float32
-    torch.testing.assert_close(wide, hidden.float() @ weight[:5].float().T)
