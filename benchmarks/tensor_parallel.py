@@ -146,7 +146,8 @@ def main() -> None:
              f"block 8, dual cache, greedy; median of {args.rounds} processes x {args.repeats} generates.\n\n"
              "| setting | committed tokens/s | vs TP=1 | same tokens as TP=1 |\n|---|---|---|---|\n"
              f"| TP=1 (both cores) | {summary['tokens_per_s'][1]:.1f} | 1.00 | - |\n"
-             f"| TP=2 ({'a core per rank' if args.executor == 'mp' else 'Ray'}) | {summary['tokens_per_s'][2]:.1f} | {summary['tp2_over_tp1']:.2f} | "
+             f"| TP=2 ({'a core per rank' if args.executor == 'mp' else 'Ray'}) | "
+             f"{summary['tokens_per_s'][2]:.1f} | {summary['tp2_over_tp1']:.2f} | "
              f"{'yes' if same else 'NO'} |\n")
     (args.out / f"table{suffix}.md").write_text(table)
     print(table)

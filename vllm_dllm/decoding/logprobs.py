@@ -33,7 +33,8 @@ class CandidateLogprobs:
                    torch.cat([p.rank for p in parts]))
 
 
-def candidate_logprobs(raw_logits: torch.Tensor, tokens: torch.Tensor, k: int, vocab: Vocab = WHOLE) -> CandidateLogprobs:
+def candidate_logprobs(raw_logits: torch.Tensor, tokens: torch.Tensor, k: int,
+                       vocab: Vocab = WHOLE) -> CandidateLogprobs:
     """Logprob rows for `tokens`, one per row of `raw_logits` ([n, vocab] or the
     rows' columns of `vocab`)."""
     logprobs = vocab.log_softmax(raw_logits.float())

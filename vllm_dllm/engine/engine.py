@@ -96,8 +96,9 @@ class StepEngine:
 
     `model(input_ids, positions)` returns hidden states and reads attention metadata
     from the context; `model.compute_logits(hidden_rows)` projects rows to the
-    vocabulary (or `lm_head` to this rank's shard of it); `model.logits_shift` says whether token j is predicted from the
-    hidden state at j - 1 (Dream) or at j (LLaDA).
+    vocabulary (or `lm_head` to this rank's shard of it); `model.logits_shift`
+    says whether token j is predicted from the hidden state at j - 1 (Dream) or at
+    j (LLaDA).
     """
 
     def __init__(
