@@ -22,11 +22,11 @@ from torch import nn
 from vllm.config import VllmConfig
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import RowParallelLinear
-from vllm.model_executor.layers.rotary_embedding import get_rope
 
 from vllm_dllm.attention.paged import DiffusionAttention
 from vllm_dllm.models.moe import SparseMoE
 from vllm_dllm.models.moe_lm import LayerStack, MoeDiffusionLM
+from vllm_dllm.models.rope import Rotary
 from vllm_dllm.models.transformer import GatedMLP, TransformerShape, fused_qkv, rank_heads
 
 
@@ -79,16 +79,8 @@ class Llada2Attention(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.dense",
         )
-        self.rotary_emb = get_rope(
-            shape.head_dim,
-            max_position=shape.max_position,
-            is_neox_style=True,
-            rope_parameters={
-                "rope_type": "default",
-                "rope_theta": shape.rope_theta,
-                "partial_rotary_factor": float(getattr(config, "partial_rotary_factor", 1.0)),
-            },
-        )
+        self.rotary_emb = Rotary(shape.head_dim, shape.max_position, shape.rope_theta,
+                                 float(getattr(config, "partial_rotary_factor", 1.0)))
         self.attn = DiffusionAttention(self.num_heads, self.num_kv_heads, shape.head_dim, prefix=f"{prefix}.attn")
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:

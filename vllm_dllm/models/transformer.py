@@ -20,13 +20,13 @@ from vllm.model_executor.layers.linear import (
     RowParallelLinear,
 )
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
-from vllm.model_executor.layers.rotary_embedding import get_rope
 from vllm.model_executor.layers.vocab_parallel_embedding import (
     ParallelLMHead,
     VocabParallelEmbedding,
 )
 
 from vllm_dllm.attention.paged import DiffusionAttention
+from vllm_dllm.models.rope import Rotary
 
 
 @dataclass(frozen=True)
@@ -79,12 +79,7 @@ class SelfAttention(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.o_proj",
         )
-        self.rotary_emb = get_rope(
-            shape.head_dim,
-            max_position=shape.max_position,
-            is_neox_style=True,
-            rope_parameters={"rope_type": "default", "rope_theta": shape.rope_theta},
-        )
+        self.rotary_emb = Rotary(shape.head_dim, shape.max_position, shape.rope_theta)
         self.attn = DiffusionAttention(
             self.num_heads, self.num_kv_heads, shape.head_dim, prefix=f"{prefix}.attn"
         )
