@@ -31,10 +31,12 @@ def register() -> None:
 
     from vllm_dllm.compat import check_vllm_version, register_config_hook
     from vllm_dllm.configs import register_hf_classes
+    from vllm_dllm.models import cpu_rms_norm
     from vllm_dllm.server_config import DiffusionConfigHook
 
     check_vllm_version()
     register_hf_classes()
+    cpu_rms_norm.register()
     supported = set(ModelRegistry.get_supported_archs())
     for arch, target in _MODELS.items():
         if arch not in supported:

@@ -22,6 +22,7 @@ from vllm_dllm.compat import (
     set_default_block_size,
 )
 from vllm_dllm.configs.llada_moe import LLADA_MOE_ARCHITECTURES
+from vllm_dllm.models import cpu_rms_norm
 from vllm_dllm.options import (
     ARCHITECTURE_KINDS,
     DREAM_FILTER_KEYS,
@@ -175,6 +176,8 @@ class DiffusionConfigHook:
         set_default_block_size(vllm_config.cache_config, device)
         if device == "cuda":
             keep_vllm_compilation_off(vllm_config.compilation_config)
+        if device == "cpu" and cpu_rms_norm.prefer_on_cpu(vllm_config.kernel_config):
+            logger.debug("RMSNorm on the CPU: vLLM's C++ kernel (%s) first, then native", cpu_rms_norm.PROVIDER)
         _check_kv_cache_dtype(vllm_config.cache_config, model_config)
         _check_logprobs_settings(model_config)
         if device == "cpu" and reserve_no_cpu_on_small_machine():

@@ -102,6 +102,8 @@ NAMES: tuple[Name, ...] = (
     Name("vllm", "ModelRegistry", "__init__.register"),
     Name("vllm", "SamplingParams", "eval.py"),
     Name("vllm", "__version__", "compat.vllm_version, when no distribution metadata is found"),
+    Name("vllm", "_custom_ops", "models/cpu_rms_norm.py: loads torch.ops._C (rms_norm, fused_add_rms_norm) on the CPU"),
+    Name("vllm", "ir", "models/cpu_rms_norm.py: registers the CPU RMSNorm provider"),
     Name("vllm.config", "VllmConfig", "models/, worker/runner.py"),
     Name("vllm.distributed", "get_tensor_model_parallel_world_size", "models/transformer.py"),
     Name("vllm.distributed", "tensor_model_parallel_all_gather",
@@ -248,6 +250,8 @@ OVERRIDES: tuple[Override, ...] = (
 
 CALLS: tuple[Call, ...] = (
     Call("vllm.logger", "init_logger", 1),
+    Call("vllm.ir.op", "IrOp.register_impl", 1, ("supports_args", "supported", "inplace"),
+         "models/cpu_rms_norm.py"),
     Call("vllm.utils.math_utils", "cdiv", 2),
     Call("vllm.model_executor.model_loader", "get_model", 0, ("vllm_config",)),
     Call("vllm.utils.torch_utils", "kv_cache_dtype_str_to_dtype", 2),
@@ -322,6 +326,10 @@ MEMBERS: tuple[Members, ...] = (
         "scheduler reads (and resets the last two) as vLLM's own schedule() does",
     ),
     Members("vllm.v1.core.kv_cache_manager", "KVCacheManager", ("block_pool", "enable_caching")),
+    Members("vllm.ir.op", "IrOp", ("register_impl", "impls"), "models/cpu_rms_norm.py: the CPU RMSNorm provider"),
+    Members("vllm.config.kernel", "IrOpPriorityConfig", ("rms_norm", "fused_add_rms_norm"),
+            "models/cpu_rms_norm.prefer_on_cpu: the provider first unless the user set these"),
+    Members("vllm.config.kernel", "KernelConfig", ("ir_op_priority",), "server_config: the CPU RMSNorm provider"),
     Members("vllm.v1.core.block_pool", "BlockPool", ("num_gpu_blocks",)),
     Members(
         "vllm.v1.request",
