@@ -252,3 +252,23 @@ def test_top_k_wider_than_a_shard_returns_real_tokens_only():
         assert torch.equal(values, want_values)
         assert ids[0, :3].tolist() == [0, 4, 7] and (ids >= 0).all() and len(set(ids[0].tolist())) == k
 
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_whole_vocabulary_argmax_is_torchs_first_maximum(device, dtype):
+    # The whole-vocabulary argmax takes max(dim)'s indices on the CPU (faster there):
+    # they must be torch.argmax's on ties, NaN, +-inf and strided rows.
+    gen = torch.Generator().manual_seed(5)
+    for case in range(60):
+        rows, columns = int(torch.randint(1, 24, (1,), generator=gen)), int(torch.randint(1, 700, (1,), generator=gen))
+        x = torch.randint(-2, 3, (rows, columns), generator=gen).to(dtype)  # many ties
+        special = torch.rand(rows, columns, generator=gen)
+        x[special < 0.02 * (case % 3)] = float("nan")
+        x[special > 1 - 0.2 * (case % 2)] = float("-inf")
+        x[(special > 0.5) & (special < 0.505) & (case % 4 == 0)] = float("inf")
+        if case % 10 == 0:
+            x[:] = float("-inf")
+        x = x.to(device)
+        for view in (x, x.t().contiguous().t()):
+            assert torch.equal(WHOLE.argmax(view), view.argmax(dim=-1)), case

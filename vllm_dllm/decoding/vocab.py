@@ -44,6 +44,11 @@ class Vocab:
         return x.shape[-1]
 
     def argmax(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu":
+            # torch's CPU argmax is a scalar loop: 3-4x slower than max(dim) (2304
+            # columns) and 40 ms for 256 rows of LLaDA-8B's 126,464 here.  max(dim)'s
+            # indices are argmax's: the first maximum, NaN counting as the maximum.
+            return x.max(dim=-1).indices
         return x.argmax(dim=-1)
 
     def max(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
