@@ -2,23 +2,28 @@
 equal work, one request at a time and 32 concurrent, quiet and beside a busy neighbour
 (issue 28).
 
-    python benchmarks/plain_loop.py --out benchmarks/results/plain-loop [--repeats 3] [--batch 8]
+    python benchmarks/plain_loop.py --out benchmarks/results/plain-loop [--repeats 3] [--batch 8] \
+        [--dtype float32|bfloat16] [--orders length,arrival]
 
 Plain loop: written here from Fast-dLLM's published dual-cache algorithm
 (`generate_with_dual_cache`), in plain torch (SDPA attention, the shipped model's
-weights, float32, torch's default threads, one process, no vLLM).  Per block of 8: one
+weights in `--dtype` (float32 by default; bfloat16 is the checkpoint's dtype, what
+`vllm serve` loads it in, and what Fast-dLLM's scripts load; norms, RoPE and softmax
+in float32 as the official model computes them), torch's default threads, one
+process, no vLLM).  Per block of 8: one
 forward over the whole sequence writes every layer's K/V and gives the logits of every
 position; each further step of the block runs only the block's 8 positions over the
 cached K/V (theirs written fresh) and projects those 8.  Greedy low-confidence
 remasking, the fixed schedule (32 steps over 4 blocks: one token a step).  A batch of
 prompts is left-padded to one length with a key padding mask (RoPE positions count from
 each row's first token).  32 prompts run as batches of `--batch` (8 by default, as in
-the issue's table), sorted by length first so that a batch pads as little as it can
-(retrieval prompts are ~380 tokens, the other tasks' ~40); one request at a time is a
-batch of 1.  The loop gives the oracle's dual-cache tokens (tests/oracle.py), alone and
+the issue's table), in two orders: sorted by length first, so that a batch pads as
+little as it can (retrieval prompts are ~380 tokens, the other tasks' ~40), and in
+arrival order, as Fast-dLLM's code batches a list of prompts (a batch pads to its
+longest); one request at a time is a batch of 1.  The loop gives the oracle's dual-cache tokens (tests/oracle.py), alone and
 padded in a batch (checked when it was written).
 
-Plugin: `benchmarks/engine_overhead.py`'s `default` setting (`vllm.LLM`, multiprocess,
+Plugin: `benchmarks/engine_overhead.py`'s `default` setting in the same dtype (`vllm.LLM`, multiprocess,
 the plugin's CPU-thread default), the same prompts (held-out task instances in the
 chat frame), a 32-token canvas, block 8, 32 steps, dual cache, ignore_eos.
 
@@ -42,6 +47,7 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 GEN, BLOCK, STEPS = 32, 8, 32
+ORDERS = ("length", "arrival")
 
 
 # ---- the plain loop ---------------------------------------------------------------
@@ -51,12 +57,13 @@ class PlainLLaDA:
     """The shipped LLaDA-format checkpoint as plain tensors: embedding, per layer
     RMSNorm -> q/k/v -> neox RoPE -> SDPA -> out, RMSNorm -> SwiGLU; final norm, head."""
 
-    def __init__(self, model_dir: pathlib.Path):
+    def __init__(self, model_dir: pathlib.Path, dtype: str = "float32"):
         import torch
         from safetensors.torch import load_file
 
         config = json.loads((model_dir / "config.json").read_text())
-        state = {k: v.float() for k, v in load_file(str(model_dir / "model.safetensors")).items()}
+        to = getattr(torch, dtype)
+        state = {k: v.to(to) for k, v in load_file(str(model_dir / "model.safetensors")).items()}
         self.heads = config["n_heads"]
         self.head_dim = config["d_model"] // self.heads
         self.eps = config["rms_norm_eps"]
@@ -74,7 +81,9 @@ class PlainLLaDA:
     def _rms(self, x, weight):
         import torch
 
-        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+        # Statistics in float32 whatever the weights' dtype, as the official model does.
+        x32 = x.float()
+        return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
     def _rope(self, x, positions):
         import torch
@@ -82,14 +91,13 @@ class PlainLLaDA:
         freqs = positions[..., None].float() * self.inv_freq  # [B, Q, D/2]
         cos, sin = freqs.cos()[:, None], freqs.sin()[:, None]  # [B, 1, Q, D/2]
         half = x.shape[-1] // 2
-        x1, x2 = x[..., :half], x[..., half:]
-        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+        x1, x2 = x[..., :half].float(), x[..., half:].float()
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
     def forward(self, ids, positions, key_mask, cache=None, start: int = 0):
         """Logits [B, Q, V] of ids[B, Q] at sequence offsets start..start+Q.  Without a
         cache the queries are the whole sequence and the per-layer K/V are returned;
         with one, the queries' K/V replace theirs in it (the dual cache's block)."""
-        import torch
         import torch.nn.functional as F
 
         batch, queries = ids.shape
@@ -142,7 +150,7 @@ def plain_generate(model: PlainLLaDA, prompts: list[list[int]]):
             else:
                 logits, cache = model.forward(ids[:, lo:hi], positions[:, lo:hi], key_mask, cache, lo)
             masked = ids[:, lo:hi] == model.mask_id
-            probs = torch.softmax(logits, dim=-1)
+            probs = torch.softmax(logits.float(), dim=-1)
             tokens = probs.argmax(dim=-1)
             confidence = probs.gather(-1, tokens[..., None])[..., 0].masked_fill(~masked, -math.inf)
             count = base + (step < extra)
@@ -160,9 +168,10 @@ def run_plain(args) -> dict:
     from transformers import AutoTokenizer
 
     prompts, _ = build_prompts(AutoTokenizer.from_pretrained(str(PATH)), args.num_requests, args.seed)
-    # Batches of similar lengths: the least padding a plain batched loop can have.
-    prompts.sort(key=len)
-    model = PlainLLaDA(pathlib.Path(PATH))
+    if args.orders == "length":
+        # Batches of similar lengths: the least padding a plain batched loop can have.
+        prompts.sort(key=len)
+    model = PlainLLaDA(pathlib.Path(PATH), args.dtype)
     batch = min(args.batch, len(prompts))
 
     def once() -> float:
@@ -176,7 +185,7 @@ def run_plain(args) -> dict:
     once()  # warm-up
     walls = sorted(once() for _ in range(args.repeats))
     return {"wall_s_all": walls, "wall_s": walls[len(walls) // 2], "torch_threads": torch.get_num_threads(),
-            "batch": batch, "num_requests": len(prompts)}
+            "batch": batch, "num_requests": len(prompts), "order": args.orders, "dtype": args.dtype}
 
 
 # ---- driver ---------------------------------------------------------------------
@@ -192,12 +201,13 @@ def with_neighbour(busy: bool, command: list[str], timeout: int) -> subprocess.C
             neighbour.wait()
 
 
-def measure_plain(args, n: int, busy: bool) -> dict:
+def measure_plain(args, n: int, busy: bool, order: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = pathlib.Path(tmp) / "plain.json"
         proc = with_neighbour(busy, [sys.executable, __file__, "--child", "--child-out", str(out), "--num-requests",
                                      str(n), "--batch", str(args.batch), "--repeats", str(args.repeats),
-                                     "--seed", str(args.seed)], args.timeout)
+                                     "--seed", str(args.seed), "--orders", order, "--dtype", args.dtype],
+                              args.timeout)
         if proc.returncode != 0:
             raise RuntimeError(f"plain loop failed: {proc.stderr[-2000:]}")
         return json.loads(out.read_text())
@@ -207,8 +217,8 @@ def measure_plugin(args, n: int, busy: bool) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = pathlib.Path(tmp)
         command = [sys.executable, str(HERE / "engine_overhead.py"), "--label", "plugin", "--settings", "default",
-                   "--num-requests", str(n), "--repeats", str(args.repeats), "--seed", str(args.seed), "--out",
-                   str(out)]
+                   "--num-requests", str(n), "--repeats", str(args.repeats), "--seed", str(args.seed),
+                   "--dtype", args.dtype, "--out", str(out)]
         proc = with_neighbour(busy, command, args.timeout)
         if proc.returncode != 0 or not (out / "results.json").exists():
             raise RuntimeError(f"plugin run failed: {proc.stderr[-2000:]}")
@@ -223,6 +233,12 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=8, help="the plain loop's batch for 32 concurrent prompts")
     ap.add_argument("--num-requests", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="both sides; the checkpoint and Fast-dLLM's official runs are bfloat16")
+    ap.add_argument("--orders", default="length,arrival",
+                    help="the plain loop's batchings of the concurrent prompts: 'length' (sorted by prompt "
+                         "length first: the least padding) and/or 'arrival' (in arrival order, as Fast-dLLM's "
+                         "code batches them); one at a time has no order")
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child-out", type=pathlib.Path, help=argparse.SUPPRESS)
@@ -234,24 +250,32 @@ def main(argv=None) -> int:
     if args.out is None:
         ap.error("--out is required")
 
+    orders = args.orders.split(",")
+    if not set(orders) <= set(ORDERS):
+        ap.error(f"--orders: choose from {', '.join(ORDERS)}")
     rows = []
     for n in (args.num_requests, 1):
         for busy in (False, True):
-            plugin, plain = measure_plugin(args, n, busy), measure_plain(args, n, busy)
-            row = {"requests": n, "busy_neighbour": busy, "plugin": plugin, "plain": plain,
-                   "plugin_tok_s": GEN * n / plugin["wall_s"], "plain_tok_s": GEN * n / plain["wall_s"]}
-            row["ratio"] = row["plugin_tok_s"] / row["plain_tok_s"]
-            rows.append(row)
-            print(f"{n:3d} requests, {'busy' if busy else 'quiet'}: plugin {row['plugin_tok_s']:.0f} tok/s, "
-                  f"plain {row['plain_tok_s']:.0f} tok/s, {row['ratio']:.2f}x", file=sys.stderr, flush=True)
-    quiet = {(r["requests"]): r for r in rows if not r["busy_neighbour"]}
-    lines = ["| requests | neighbour | plugin tok/s | plain loop tok/s (batch) | plugin / plain | plugin busy / quiet "
-             "| plain busy / quiet |", "|---|---|---|---|---|---|---|"]
+            plugin = measure_plugin(args, n, busy)
+            for order in orders if n > 1 else orders[:1]:
+                plain = measure_plain(args, n, busy, order)
+                row = {"requests": n, "busy_neighbour": busy, "order": order if n > 1 else "-", "plugin": plugin,
+                       "plain": plain, "plugin_tok_s": GEN * n / plugin["wall_s"],
+                       "plain_tok_s": GEN * n / plain["wall_s"]}
+                row["ratio"] = row["plugin_tok_s"] / row["plain_tok_s"]
+                rows.append(row)
+                print(f"{n:3d} requests, {'busy' if busy else 'quiet'}, plain batches by {row['order']}: plugin "
+                      f"{row['plugin_tok_s']:.0f} tok/s, plain {row['plain_tok_s']:.0f} tok/s, {row['ratio']:.2f}x",
+                      file=sys.stderr, flush=True)
+    quiet = {(r["requests"], r["order"]): r for r in rows if not r["busy_neighbour"]}
+    lines = [f"dtype {args.dtype}; the plain loop's batch for {args.num_requests} concurrent: {args.batch}", "",
+             "| requests | neighbour | plain loop's batches | plugin tok/s | plain loop tok/s | plugin / plain "
+             "| plugin busy / quiet | plain busy / quiet |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        q = quiet[r["requests"]]
+        q = quiet[(r["requests"], r["order"])]
         lines.append(
-            f"| {r['requests']} | {'busy' if r['busy_neighbour'] else 'quiet'} | {r['plugin_tok_s']:.0f} "
-            f"| {r['plain_tok_s']:.0f} ({r['plain']['batch']}) | {r['ratio']:.2f}x "
+            f"| {r['requests']} | {'busy' if r['busy_neighbour'] else 'quiet'} | {r['order']} "
+            f"| {r['plugin_tok_s']:.0f} | {r['plain_tok_s']:.0f} | {r['ratio']:.2f}x "
             f"| {r['plugin_tok_s'] / q['plugin_tok_s']:.2f} | {r['plain_tok_s'] / q['plain_tok_s']:.2f} |")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"argv": sys.argv, "rows": rows}, indent=1))
