@@ -255,7 +255,7 @@ def test_top_k_wider_than_a_shard_returns_real_tokens_only():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 def test_whole_vocabulary_argmax_is_torchs_first_maximum(device, dtype):
     # The whole-vocabulary argmax takes max(dim)'s indices on the CPU (faster there):
     # they must be torch.argmax's on ties, NaN, +-inf and strided rows.
@@ -272,3 +272,13 @@ def test_whole_vocabulary_argmax_is_torchs_first_maximum(device, dtype):
         x = x.to(device)
         for view in (x, x.t().contiguous().t()):
             assert torch.equal(WHOLE.argmax(view), view.argmax(dim=-1)), case
+    # LLaDA-8B's vocabulary on two threads: the vectorised, parallel reduction paths.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        wide = torch.randint(-3, 4, (16, 126_464), generator=gen).to(dtype).to(device)
+        wide[3, 100_000:] = float("nan")
+        wide[5] = wide[5].max()
+        assert torch.equal(WHOLE.argmax(wide), wide.argmax(dim=-1))
+    finally:
+        torch.set_num_threads(threads)

@@ -9,10 +9,16 @@ for the kernel vLLM's CPU build ships (`torch.ops._C.rms_norm`), and ~1 ms again
 
 We register that kernel as provider `dllm_cpu` through `register_impl`, the way vLLM
 adds providers, and the config hook puts it first in `kernel_config.ir_op_priority` on
-the CPU unless the user chose a priority (`--ir-op-priority`).  It takes what the
-kernel takes (contiguous rows, a weight of the input's dtype, no variance override);
-anything else falls through to the next provider, vLLM's native one.  It rounds once
-where the native formula rounds twice: within one unit in the last place (tested).
+the CPU unless the user chose a priority (`--ir-op-priority`).  It takes only what the
+kernel reads correctly: contiguous rows of a width divisible by its vector of 8, a
+weight of the input's dtype and width, a residual of the input's shape, no variance
+override, and bfloat16 only from vLLM's AVX-512-BF16 build (its AVX2 and AVX-512
+builds, loaded on CPUs without AVX-512-BF16 such as AMD Zen 2/3, convert float32 to
+bfloat16 by truncation where torch rounds to nearest).  Anything else falls through to
+the next provider, vLLM's native one.  The kernel rounds to the dtype in other places
+than the native formula does: a few units in the last place (the tolerance is in
+tests/test_cpu_rms_norm.py).  Registering loads vLLM's C++ ops in each process that
+loads the plugin (the workers load them anyway).
 """
 
 import torch
@@ -23,7 +29,18 @@ from torch import Tensor
 
 PROVIDER = "dllm_cpu"
 OPS = ("rms_norm", "fused_add_rms_norm")
-_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_VECTOR = 8  # the kernel's elements per vector, every dtype: it refuses other widths
+_dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16)  # bfloat16 added by register() where it rounds
+
+
+def takes_dtype(dtype: torch.dtype) -> bool:
+    return dtype in _dtypes
+
+
+def _rounds_bfloat16_to_nearest() -> bool:
+    from vllm.platforms import CpuArchEnum, current_platform
+
+    return current_platform.get_cpu_architecture() == CpuArchEnum.X86 and torch.cpu._is_avx512_bf16_supported()
 
 
 def _takes(x: torch.Tensor, weight: torch.Tensor | None, variance_size: int | None) -> bool:
@@ -31,11 +48,13 @@ def _takes(x: torch.Tensor, weight: torch.Tensor | None, variance_size: int | No
         variance_size is None
         and weight is not None
         and x.device.type == "cpu"
-        and x.dtype in _KERNEL_DTYPES
+        and x.dtype in _dtypes
         and weight.dtype == x.dtype
         and x.is_contiguous()
-        and weight.is_contiguous()
         and x.numel() > 0
+        and x.shape[-1] % _VECTOR == 0
+        and weight.shape == x.shape[-1:]
+        and weight.is_contiguous()
     )
 
 
@@ -44,7 +63,12 @@ def _rms_norm_args(x, weight, epsilon, variance_size=None) -> bool:
 
 
 def _fused_add_args(x, x_residual, weight, epsilon, variance_size=None) -> bool:
-    return _takes(x, weight, variance_size) and x_residual.is_contiguous() and x_residual.dtype == x.dtype
+    return (
+        _takes(x, weight, variance_size)
+        and x_residual.shape == x.shape
+        and x_residual.dtype == x.dtype
+        and x_residual.is_contiguous()
+    )
 
 
 def _rms_norm(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: int | None = None) -> Tensor:
@@ -63,6 +87,7 @@ def _fused_add_rms_norm(
 def register() -> None:
     """Idempotent: every vLLM process (front end, engine core, workers) loads the
     plugin and must know the provider before it reads a priority that names it."""
+    global _dtypes
     from vllm import ir
     from vllm.platforms import current_platform
 
@@ -71,6 +96,10 @@ def register() -> None:
     on_cpu = current_platform.is_cpu()
     if on_cpu:
         from vllm import _custom_ops  # noqa: F401  loads vLLM's C++ ops (torch.ops._C)
+
+        on_cpu = all(hasattr(torch.ops._C, op) for op in OPS)  # vLLM only warns when they fail to load
+        if _rounds_bfloat16_to_nearest():
+            _dtypes = (*_dtypes, torch.bfloat16)
     ir.ops.rms_norm.register_impl(PROVIDER, supports_args=_rms_norm_args, supported=on_cpu)(_rms_norm)
     ir.ops.fused_add_rms_norm.register_impl(
         PROVIDER, supports_args=_fused_add_args, supported=on_cpu, inplace=True
