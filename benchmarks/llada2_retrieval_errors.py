@@ -38,11 +38,13 @@ def classify(prompt: str, answer: str, predicted: str) -> str:
     if predicted == answer:
         return "correct"
     if predicted in values:
-        offset = values.index(predicted) - keys.index(query)
+        held = values.index(predicted)
+        offset = held - keys.index(query)
         if abs(offset) == 1:
             return f"neighbour {offset:+d}"
-        return {0: "first pair"}.get(values.index(predicted), "last pair" if values.index(predicted) == len(values) - 1
-                                     else "another pair")
+        if held == 0:
+            return "first pair"
+        return "last pair" if held == len(values) - 1 else "another pair"
     letters = "".join(values)
     if len(predicted) == 2 and all(c in letters for c in predicted):
         return "mixed letters"

@@ -20,10 +20,12 @@ each row's first token).  32 prompts run as batches of `--batch` (8 by default, 
 the issue's table), in two orders: sorted by length first, so that a batch pads as
 little as it can (retrieval prompts are ~380 tokens, the other tasks' ~40), and in
 arrival order, as Fast-dLLM's code batches a list of prompts (a batch pads to its
-longest); one request at a time is a batch of 1.  The loop gives the oracle's dual-cache tokens (tests/oracle.py), alone and
+longest); one request at a time is a batch of 1.  The loop gives the oracle's
+dual-cache tokens (tests/oracle.py), alone and
 padded in a batch (checked when it was written).
 
-Plugin: `benchmarks/engine_overhead.py`'s `default` setting in the same dtype (`vllm.LLM`, multiprocess,
+Plugin: `benchmarks/engine_overhead.py`'s `default` setting in the same dtype
+(`vllm.LLM`, multiprocess,
 the plugin's CPU-thread default), the same prompts (held-out task instances in the
 chat frame), a 32-token canvas, block 8, 32 steps, dual cache, ignore_eos.
 
