@@ -25,8 +25,8 @@ import torch
 from tests.triton_harness import (
     REPO_ROOT,
     cuda_report_or_skip,
+    interpreter_report_or_skip,
     needs_triton,
-    run_script,
 )
 
 MODULE_PATH = REPO_ROOT / "vllm_dllm" / "attention" / "triton_paged.py"
@@ -140,6 +140,20 @@ CASES = [
         [Seq(9, 29), Seq(3, 50), Seq(3, 50, twin_of=1)],
         block_n=32,
         seed=5,
+    ),
+    Case(
+        # LLaDA-8B's head width in bf16 with the default tiles: on a Hopper GPU the
+        # 128-position KV tile at 3 stages, over ragged lengths and a twin
+        "mha_bf16_d128_default_tiles",
+        "bfloat16",
+        2,
+        2,
+        128,
+        16,
+        [Seq(32, 300), Seq(32, 300, twin_of=0), Seq(5, 129)],
+        block_m=None,
+        block_n=None,
+        seed=8,
     ),
     Case(
         "gqa_f16_bs16",
@@ -296,7 +310,7 @@ def run_cases(device: str) -> dict:
 
 @pytest.fixture(scope="module")
 def interpreter_report():
-    return run_script(__file__, "cpu", interpret=True)
+    return interpreter_report_or_skip(__file__)
 
 
 @pytest.fixture(scope="module")
@@ -341,6 +355,32 @@ def test_imports_without_triton(monkeypatch):
     assert mod.HAS_TRITON is False
     with pytest.raises(RuntimeError, match="triton"):
         mod.paged_attention_triton(*([None] * 6), 1, 1.0)
+
+
+HOPPER_SHARED_MEMORY, AMPERE_SHARED_MEMORY, ADA_SHARED_MEMORY = 232448, 166912, 101376
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "element_size", "shared_memory", "expected"),
+    [
+        (128, 2, HOPPER_SHARED_MEMORY, (32, 128, 3)),  # the tile the H100 sweep picked
+        (128, 2, AMPERE_SHARED_MEMORY, (32, 64, None)),  # 3 wide stages do not fit
+        (128, 2, ADA_SHARED_MEMORY, (32, 64, None)),
+        (128, 2, None, (32, 64, None)),  # no device to ask (the interpreter)
+        (64, 2, HOPPER_SHARED_MEMORY, (32, 64, None)),  # only the measured row width goes wide
+        (128, 4, HOPPER_SHARED_MEMORY, (32, 32, None)),  # float32 rows of 512 bytes
+    ],
+)
+def test_default_tiles_fit_the_device(head_dim, element_size, shared_memory, expected):
+    from vllm_dllm.attention import triton_paged
+
+    assert triton_paged.default_block_sizes(head_dim, 32, element_size, shared_memory) == expected
+
+
+def test_default_query_tile_follows_the_longest_query_run():
+    from vllm_dllm.attention import triton_paged
+
+    assert [triton_paged.default_block_sizes(128, n)[0] for n in (1, 16, 17, 32, 64, 200)] == [16, 16, 32, 32, 64, 64]
 
 
 def test_reference_matches_dense_attention():
