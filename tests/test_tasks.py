@@ -174,3 +174,37 @@ def test_hard_task_answers_are_short_under_the_task_tokenizer(tmp_path):
             assert tok.decode(answer) == inst.answer
     chain = HARD_TASKS["chain"].draw(rng)
     assert len(tok.encode(chain.answer, add_special_tokens=False)) == 4  # key, "=", two capitals
+
+
+def test_lookup_is_retrievals_mechanism_with_one_capital(tmp_path):
+    """The auxiliary lookup task: seeded, split, checked; one-capital values after
+    one-token keys, two pairs at the curriculum's start; in no evaluation group."""
+    from transformers import PreTrainedTokenizerFast
+
+    from vllm_dllm.tasks import AUX_TASKS, TASK_GROUPS, check_answer, resolve_tasks
+    from vllm_dllm.training.curriculum import fitting_task, task_at
+
+    task = AUX_TASKS["lookup"]
+    assert [task.sample(random.Random(5), TRAIN) for _ in range(3)] == [
+        task.sample(random.Random(5), TRAIN) for _ in range(3)]
+    rng = random.Random(9)
+    train = [task.sample(rng, TRAIN) for _ in range(300)]
+    test = [task.sample(rng, TEST) for _ in range(100)]
+    assert not {i.prompt for i in train} & {i.prompt for i in test}
+    for inst in train + test:
+        assert check_answer(inst) and len(inst.answer) == 1 and inst.answer.isupper()
+        body = inst.prompt.split("\n")[1]
+        assert 8 <= body.count(";") <= 40
+        other = "A" if inst.answer != "A" else "B"
+        assert not check_answer(Instance("lookup", inst.prompt, other))
+    assert {len(task_at("lookup", 0.0).draw(rng).prompt.split("\n")[1].split(";")) - 1 for _ in range(20)} == {2}
+    assert fitting_task(task, 1) is task
+    assert all("lookup" not in names for names in TASK_GROUPS.values())
+    assert [t.name for t in resolve_tasks("lookup,retrieval")] == ["lookup", "retrieval"]
+
+    build_tokenizer(tmp_path, 512)
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
+    inst = test[0]
+    assert len(tok.encode(inst.answer, add_special_tokens=False)) == 1
+    query_key = inst.prompt.rsplit("\n", 1)[1].removeprefix("value of")
+    assert len(tok.encode(query_key, add_special_tokens=False)) == 1

@@ -33,6 +33,9 @@ so the value depends on the key decoded before it.  Brackets: the closers of the
 brackets left open, innermost first.  Answers use digits, capitals, spaces and bracket
 characters, one token each under the task tokenizer (the intermediate key of chain is
 one lowercase-pair token).
+
+`AUX_TASKS` holds training aids, in no group:
+  lookup     "find\n;ab=C;ef=G;...\nvalue of;ef="                  -> "G"
 """
 
 from __future__ import annotations
@@ -207,6 +210,29 @@ class Chain(Task):
         return Instance(self.name, f"chain\n{pairs}\nfollow;{query}=", f"{target}={values[target]}")
 
 
+class Lookup(Task):
+    """Retrieval's mechanism alone: find the queried key, read the one capital after it.
+
+    An auxiliary training task, in no evaluation group: the LLaDA2-format model never
+    formed retrieval's lookup (docs/training-log.md), and a one-token value gives that
+    mechanism its whole signal at every answer, where retrieval's two capitals can be
+    half right."""
+
+    name = "lookup"
+    gen_length = 4
+
+    def __init__(self, min_pairs: int = 8, max_pairs: int = 40):
+        self.min_pairs, self.max_pairs = max(2, min_pairs), max(2, max_pairs)
+
+    def draw(self, rng: random.Random) -> Instance:
+        n = rng.randint(self.min_pairs, self.max_pairs)
+        keys = rng.sample([a + b for a in LETTERS for b in LETTERS], n)
+        values = [rng.choice(SYMBOLS) for _ in keys]
+        query = rng.randrange(n)
+        pairs = "".join(f";{k}={v}" for k, v in zip(keys, values))
+        return Instance(self.name, f"find\n{pairs}\nvalue of;{keys[query]}=", values[query])
+
+
 BRACKETS = {"(": ")", "[": "]", "{": "}", "<": ">"}
 
 
@@ -239,9 +265,12 @@ class Brackets(Task):
 
 # Harder tasks (issue 27): not part of `TASKS`, which the shipped model was trained on.
 HARD_TASKS: dict[str, Task] = {t.name: t for t in (Sort(), Multiply(), Chain(), Brackets())}
-ALL_TASKS: dict[str, Task] = {**TASKS, **HARD_TASKS}
+# Tasks that train a mechanism another task needs; named alone, in no group.
+AUX_TASKS: dict[str, Task] = {t.name: t for t in (Lookup(),)}
+ALL_TASKS: dict[str, Task] = {**TASKS, **HARD_TASKS, **AUX_TASKS}
 # Names that stand for several tasks (eval's --task, train's --tasks).
-TASK_GROUPS: dict[str, list[str]] = {"all": list(TASKS), "hard": list(HARD_TASKS), "every": list(ALL_TASKS)}
+TASK_GROUPS: dict[str, list[str]] = {"all": list(TASKS), "hard": list(HARD_TASKS),
+                                     "every": [*TASKS, *HARD_TASKS]}
 
 
 def get_task(name: str) -> Task:
@@ -293,10 +322,12 @@ def check_answer(instance: Instance) -> bool:
     if instance.task == "addition":
         a, b = prompt.removeprefix("add ").removesuffix("=").split("+")
         return answer == str(int(a) + int(b))
-    if instance.task == "retrieval":
+    if instance.task in ("retrieval", "lookup"):
         _, body, query = prompt.split("\n")
         pairs = dict(p.split("=") for p in body.split(";")[1:])
-        return answer == pairs[query.removeprefix("value of;").removesuffix("=")]
+        width = 2 if instance.task == "retrieval" else 1
+        value = pairs[query.removeprefix("value of;").removesuffix("=")]
+        return len(value) == width and value.isupper() and answer == value
     if instance.task in ("copy", "reverse"):
         text = prompt.split(" ", 1)[1]
         return answer == (text if instance.task == "copy" else text[::-1])

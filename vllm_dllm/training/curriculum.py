@@ -9,7 +9,7 @@ a task's mechanism forms cannot be planned in advance.
 
 from __future__ import annotations
 
-from vllm_dllm.tasks import ALL_TASKS, Addition, Brackets, Chain, Copy, Multiply, Retrieval, Sort, Task
+from vllm_dllm.tasks import ALL_TASKS, Addition, Brackets, Chain, Copy, Lookup, Multiply, Retrieval, Sort, Task
 
 
 def task_at(name: str, level: float) -> Task:
@@ -28,6 +28,8 @@ def task_at(name: str, level: float) -> Task:
         return Chain(grow(2, full.min_pairs), grow(2, full.max_pairs))
     if isinstance(full, Brackets):
         return Brackets(grow(2, full.min_len), grow(6, full.max_len), grow(3, full.max_depth))
+    if isinstance(full, Lookup):
+        return Lookup(grow(2, full.min_pairs), grow(2, full.max_pairs))
     if isinstance(full, Retrieval):
         # Two pairs first: with one distractor the matching key is learned in a few
         # hundred steps; with 2-8 pairs it had not formed after 1400 (training log, run 5).
@@ -44,6 +46,8 @@ def fitting_task(full: Task, canvas: int) -> Task | None:
     positions (every answer character is one token: digits and capitals), or None when
     none does (copy of 16-48 symbols on an 8-position canvas).  A fitting answer may
     fill the canvas exactly, with no room for <|eot_id|>."""
+    if isinstance(full, Lookup):
+        return full if canvas >= 1 else None
     if isinstance(full, Retrieval):
         return full if canvas >= 2 else None
     if isinstance(full, Addition):
