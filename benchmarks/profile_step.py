@@ -1,14 +1,17 @@
 """Where a step's time goes: torch.profiler over our engine's step and the ideal step.
 
-    python benchmarks/profile_step.py --out /tmp/profile            # CUDA, LLaDA-8B shape
-    python benchmarks/profile_step.py --small --out /tmp/profile    # CPU, small shape
+    python benchmarks/profile_step.py --out /tmp/profile            # LLaDA-8B shape, bf16
+    python benchmarks/profile_step.py --small --out /tmp/profile    # small shape, fp32
+
+(on CUDA where there is one, else the CPU)
 
 Companion to step_bench.py (same model, engine set-up and ideal step; no vLLM).  For
 each case it profiles a few steps of ours and of the ideal and writes, per side, the
 operator table sorted by device time and by host time, and a summary line: wall ms per
-step, device-busy ms per step, kernels launched per step.  A step whose wall time is
-far above its device time is bound by the host (launches, Python); one whose device
-time is above the ideal's does more or slower GPU work.
+step (with the profiler on, which adds host time), device-busy ms per step, kernels
+launched per step.  A step whose wall time is far above its device time is bound by
+the host (launches, Python); one whose device time is above the ideal's does more or
+slower GPU work.
 """
 
 from __future__ import annotations
@@ -66,8 +69,10 @@ def profile_side(step, device, steps: int) -> tuple[dict, str, str]:
         sync()
         wall = (time.perf_counter() - start) * 1e3 / steps
     events = prof.key_averages()
-    device_us = sum(e.self_device_time_total for e in events) if device.type == "cuda" else 0.0
-    kernels = sum(e.count for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA)
+    # Device events only: an op's own row repeats the time of the kernels it launched.
+    kernel_events = [e for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
+    device_us = sum(e.self_device_time_total for e in kernel_events)
+    kernels = sum(e.count for e in kernel_events)
     summary = {"wall_ms_per_step": round(wall, 3), "device_ms_per_step": round(device_us / 1e3 / steps, 3),
                "kernels_per_step": kernels / steps}
     by_device = events.table(sort_by="self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total",
@@ -80,10 +85,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=pathlib.Path, required=True)
     parser.add_argument("--small", action="store_true")
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5, help="profiled steps, at most 28 (all Reuse steps of one block)")
     parser.add_argument("--cases", default="1x512g,1x512,4x2048,16x512",
                         help="requests x context, suffix g: with CUDA graphs")
     args = parser.parse_args()
+    if not 1 <= args.steps <= 28:
+        parser.error("--steps: 1 to 28 (the block has 32 steps: its Refresh, 3 warm-up steps, then these)")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.set_grad_enabled(False)
     shape, dtype = (sb.SMALL, torch.float32) if args.small else (LLADA_8B, torch.bfloat16)

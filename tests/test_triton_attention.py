@@ -337,6 +337,12 @@ def test_matches_reference_interpreter(interpreter_report, name):
 
 
 @needs_triton
+def test_bad_inputs_refused_cuda(cuda_report):
+    assert not cuda_report["interpreted"]
+    assert cuda_report["validation_missed"] == []
+
+
+@needs_triton
 @pytest.mark.parametrize("name", [c.name for c in CASES])
 def test_matches_reference_cuda(cuda_report, name):
     r = cuda_report["cases"][name]
@@ -357,24 +363,26 @@ def test_imports_without_triton(monkeypatch):
         mod.paged_attention_triton(*([None] * 6), 1, 1.0)
 
 
-HOPPER_SHARED_MEMORY, AMPERE_SHARED_MEMORY, ADA_SHARED_MEMORY = 232448, 166912, 101376
-
-
 @pytest.mark.parametrize(
-    ("head_dim", "element_size", "shared_memory", "expected"),
+    ("head_dim", "element_size", "wide_kv_tile", "expected"),
     [
-        (128, 2, HOPPER_SHARED_MEMORY, (32, 128, 3)),  # the tile the H100 sweep picked
-        (128, 2, AMPERE_SHARED_MEMORY, (32, 64, None)),  # 3 wide stages do not fit
-        (128, 2, ADA_SHARED_MEMORY, (32, 64, None)),
-        (128, 2, None, (32, 64, None)),  # no device to ask (the interpreter)
-        (64, 2, HOPPER_SHARED_MEMORY, (32, 64, None)),  # only the measured row width goes wide
-        (128, 4, HOPPER_SHARED_MEMORY, (32, 32, None)),  # float32 rows of 512 bytes
+        (128, 2, True, (32, 128, 3)),  # the tile the H100 sweep picked
+        (128, 2, False, (32, 64, None)),  # not a Hopper GPU, or the interpreter
+        (64, 2, True, (32, 64, None)),  # only the measured row width goes wide
+        (128, 4, True, (32, 32, None)),  # float32 rows of 512 bytes
+        (128, 4, False, (32, 32, None)),
     ],
 )
-def test_default_tiles_fit_the_device(head_dim, element_size, shared_memory, expected):
+def test_default_tiles(head_dim, element_size, wide_kv_tile, expected):
     from vllm_dllm.attention import triton_paged
 
-    assert triton_paged.default_block_sizes(head_dim, 32, element_size, shared_memory) == expected
+    assert triton_paged.default_block_sizes(head_dim, 32, element_size, wide_kv_tile) == expected
+
+
+def test_no_wide_tile_off_the_gpu():
+    from vllm_dllm.attention import triton_paged
+
+    assert not triton_paged._wide_kv_tile(torch.device("cpu"))
 
 
 def test_default_query_tile_follows_the_longest_query_run():

@@ -163,44 +163,42 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-# The 128-position KV tile at 3 stages needs ~192 KB of shared memory for 2-byte K/V
-# rows of 256 bytes; Hopper's 227 KB per block hold it, Ampere's 163 KB and Ada's
-# 99 KB do not.  On an H100 it is 1.24-1.28x faster than 64 positions over every
-# LLaDA-8B Reuse shape measured (benchmarks/results/triton-tile-sweep).
+# On an H100 the 128-position KV tile at 3 stages is 1.24-1.28x faster than 64
+# positions over every LLaDA-8B Reuse shape measured (head_dim 128 in bf16;
+# benchmarks/results/triton-tile-sweep).  It is taken only where it was measured:
+# Hopper (compute capability 9.x) and rows of 256 bytes.  Other GPUs keep the
+# 64-position tile, unmeasured against it.
 _WIDE_KV_TILE = 128
 _WIDE_KV_TILE_STAGES = 3
-
-
-def _wide_tile_bytes(row_bytes: int) -> int:
-    return _WIDE_KV_TILE_STAGES * 2 * _WIDE_KV_TILE * row_bytes
+_WIDE_KV_TILE_ROW_BYTES = 256
+_WIDE_KV_TILE_CAPABILITY = 9
 
 
 def default_block_sizes(head_dim: int, max_query_len: int, element_size: int = 2,
-                        shared_memory: int | None = None) -> tuple[int, int, int | None]:
+                        wide_kv_tile: bool = False) -> tuple[int, int, int | None]:
     """(BLOCK_M, BLOCK_N, num_stages or None for Triton's default) for a GPU.
 
     Query tiles no taller than the longest query run (but >= 16 for tl.dot), at most
-    64.  KV tiles: 128 positions at 3 stages for rows of 256 bytes where the device's
-    per-block shared memory (`shared_memory`, bytes) holds them; else 64, or 32 when a
-    K/V row exceeds 256 bytes (keeps fp32 head_dim 128 under ~100 KB)."""
+    64.  KV tiles: 128 positions at 3 stages for rows of 256 bytes on a device where
+    that was measured (`wide_kv_tile`); else 64, or 32 when a K/V row exceeds 256
+    bytes (keeps fp32 head_dim 128 under ~100 KB of shared memory)."""
     block_m = min(64, max(16, _next_pow2(max_query_len)))
     row_bytes = head_dim * element_size
-    # Only the measured row width (head_dim 128 in 2 bytes: LLaDA, Dream, LLaDA2) takes the wide tile.
-    if row_bytes == 256 and shared_memory is not None and shared_memory >= _wide_tile_bytes(row_bytes):
+    if wide_kv_tile and row_bytes == _WIDE_KV_TILE_ROW_BYTES:
         return block_m, _WIDE_KV_TILE, _WIDE_KV_TILE_STAGES
     return block_m, 64 if row_bytes <= 256 else 32, None
 
 
-def _shared_memory(device: torch.device) -> int | None:
-    if device.type != "cuda":
-        return None
-    return _cuda_shared_memory(device.index if device.index is not None else torch.cuda.current_device())
+def _wide_kv_tile(device: torch.device) -> bool:
+    if device.type != "cuda" or _INTERPRETED:
+        return False
+    return _is_hopper(device.index if device.index is not None else torch.cuda.current_device())
 
 
 @functools.cache
-def _cuda_shared_memory(index: int) -> int | None:
+def _is_hopper(index: int) -> bool:
     # Asked once per device: the kernel launches once per layer per step.
-    return getattr(torch.cuda.get_device_properties(index), "shared_memory_per_block_optin", None)
+    return torch.cuda.get_device_capability(index)[0] == _WIDE_KV_TILE_CAPABILITY
 
 
 def paged_attention_triton(
@@ -256,10 +254,12 @@ def paged_attention_triton(
     if num_tokens == 0 or num_seqs == 0 or max_query_len <= 0:
         return out
 
-    default_m, default_n, default_stages = default_block_sizes(
-        head_dim, max_query_len, q.element_size(), _shared_memory(q.device))
-    if block_n is None and num_stages is None:
-        num_stages = default_stages  # the stage count the default KV tile was sized for
+    # A caller's block_n or num_stages keeps the narrow tile's defaults: the wide tile
+    # was measured only at its own stage count.
+    wide = block_n is None and num_stages is None and _wide_kv_tile(q.device)
+    default_m, default_n, default_stages = default_block_sizes(head_dim, max_query_len, q.element_size(), wide)
+    if wide:
+        num_stages = default_stages
     block_m = block_m or default_m
     block_n = block_n or default_n
     for name, b in (("block_m", block_m), ("block_n", block_n)):
