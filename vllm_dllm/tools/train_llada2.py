@@ -28,6 +28,7 @@ from vllm_dllm.tools.train import (
     task_cycle,
 )
 from vllm_dllm.training.curriculum import Curriculum
+from vllm_dllm.training.optim import adamw, load_adamw_state
 
 MOE_ARGS = ("experts", "experts_per_token", "expert_groups", "topk_groups", "moe_intermediate", "shared_experts",
             "dense_layers")
@@ -117,7 +118,7 @@ def train_llada2(args, ap) -> int:
     model = llada2.build_model(ids, shape, moe).to(args.device)
     if args.embedding_std is not None:
         torch.nn.init.normal_(model.model.word_embeddings.weight, std=args.embedding_std)
-    optim = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    optim = adamw(model, args.lr)
     data_rng = random.Random(args.seed)
     noise = torch.Generator().manual_seed(args.seed)
     curriculum = Curriculum(names, linear_steps=args.curriculum_steps, threshold=args.curriculum_threshold)
@@ -132,7 +133,7 @@ def train_llada2(args, ap) -> int:
     if args.resume and state_path.exists():
         state = torch.load(state_path, weights_only=False, map_location=args.device)
         model.load_state_dict(state["model"])
-        optim.load_state_dict(state["optim"])
+        load_adamw_state(optim, model, state["optim"])
         data_rng.setstate(state["data_rng"])
         noise.set_state(state["noise"])
         try:
