@@ -459,9 +459,9 @@ def main() -> None:
     }
     cases, sparse_cases = result["cases"], result["sparse_reuse_attention"]
 
-    def record(case, requests, context, ours, ideal):
+    def record(case, requests, context, ours, ideal, case_reps=None):
         cases.append({"case": case, "requests": requests, "context": context, "ours_ms": round(ours, 3),
-                      "ideal_ms": round(ideal, 3), "ratio": round(ours / ideal, 3)})
+                      "ideal_ms": round(ideal, 3), "ratio": round(ours / ideal, 3), "reps": case_reps or reps})
         print(f"{case:>10} {requests:>4} x {context:<6} ours {ours:9.2f} ms  ideal {ideal:9.2f} ms  "
               f"ratio {ours / ideal:5.2f}", flush=True)
         save(result, args.out)  # after every case: a crash later keeps what was measured
@@ -507,8 +507,8 @@ def main() -> None:
             if not kv_fits_twice("llada2_step", requests, context):
                 continue
             record("llada2_step", requests, context, ours_llada2(model, requests, context, timer, reps, device),
-                   ideal_reuse(model, requests, context, timer, min(reps, BLOCK - 3), device))
-            cases[-1]["reps"] = min(reps, BLOCK - 3)
+                   ideal_reuse(model, requests, context, timer, min(reps, BLOCK - 3), device),
+                   case_reps=min(reps, BLOCK - 3))
     if device.type == "cuda" and contexts:
         record("reuse_graphed", 1, contexts[0],
                ours_reuse(model, 1, contexts[0], timer, reps, device, cuda_graphs=True),

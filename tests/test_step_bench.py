@@ -32,7 +32,8 @@ def test_step_bench_runs_every_case_without_vllm(tmp_path):
     cases = {c["case"] for c in result["cases"]}
     assert {"refresh", "reuse", "llada2_step", "head_T0", "head_T1"} <= cases
     for case in result["cases"]:
-        assert set(case) == {"case", "requests", "context", "ours_ms", "ideal_ms", "ratio"}
+        assert set(case) == {"case", "requests", "context", "ours_ms", "ideal_ms", "ratio", "reps"}
+        assert case["reps"] == 1  # --smoke's one repetition
         assert case["ours_ms"] > 0 and case["ideal_ms"] > 0
         assert abs(case["ratio"] - case["ours_ms"] / case["ideal_ms"]) <= 0.01 * case["ratio"] + 1e-3
     assert {r["requests"] for r in result["op_counts"]} == {1, 4, 16}
@@ -41,3 +42,21 @@ def test_step_bench_runs_every_case_without_vllm(tmp_path):
     sparse = result["sparse_reuse_attention"]
     assert sparse and sparse[0]["sparse"]["seq_len"] < sparse[0]["dense"]["seq_len"]
     assert (tmp_path / "table.md").read_text().startswith("Device: ")
+
+
+def test_profile_step_runs_without_vllm(tmp_path):
+    """benchmarks/profile_step.py (run on GPU machines, which have no vLLM) profiles
+    both sides of a case and writes their tables and a summary."""
+    script = str(REPO_ROOT / "benchmarks" / "profile_step.py")
+    code = (
+        "import runpy, sys; sys.modules['vllm'] = None; "
+        f"sys.argv = ['profile_step.py', '--small', '--cases', '1x256', '--steps', '1', '--out', {str(tmp_path)!r}]; "
+        f"runpy.run_path({script!r}, run_name='__main__')"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = json.loads((tmp_path / "summary.json").read_text())
+    assert (row["case"], row["requests"], row["context"], row["cuda_graphs"]) == ("1x256", 1, 256, False)
+    for side in ("ours", "ideal"):
+        assert row[side]["wall_ms_per_step"] > 0
+        assert "aten::" in (tmp_path / f"1x256-{side}-by-host.txt").read_text()
