@@ -8,13 +8,18 @@
 #                                          #  kernels compiled, against their torch references,
 #                                          #  the start-up self-check (worker/self_check.py)
 #                                          #  and the vocabulary-parallel rules on CUDA
-#   bash benchmarks/gpu_session.sh bench   # the LLaDA-8B-shaped step_bench (bf16)
+#   bash benchmarks/gpu_session.sh bench   # the LLaDA-8B-shaped step_bench (bf16), ~2 min
+#   bash benchmarks/gpu_session.sh profile # where the step's time goes (profile_step.py) and
+#                                          #  the Triton KV-tile sweep (triton_tile_sweep.py), ~3 min
 #
 # `check` first: it fails in seconds where the long run would fail after minutes.
-# Commit $OUT/step-gpu as benchmarks/results/step-gpu/ and name the device.
+# The device tool brings back only a few files per call, so on that machine ($OUT set)
+# a stage leaves one archive, $OUT/<stage>.tgz.  Commit what it holds under
+# benchmarks/results/step-gpu/ (see its README.md for the first run) and name the device.
 set -uo pipefail
-stage=${1:?usage: gpu_session.sh check|bench}
-out=${OUT:-/tmp/gpu-session}
+stage=${1:?usage: gpu_session.sh check|bench|profile}
+case "$stage" in check|bench|profile) ;; *) echo "unknown stage $stage: check, bench or profile" >&2; exit 2 ;; esac
+out=${OUT:-/tmp/gpu-session}/$stage
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}  # the GPU machine's python3 holds torch
@@ -25,7 +30,9 @@ cd "$(dirname "$0")/.."
 
 case "$stage" in
 check)
-    "$py" benchmarks/step_bench.py --smoke --out "$out/smoke" 2>&1 | tee "$out/smoke.log" || exit 1
+    if ! "$py" benchmarks/step_bench.py --smoke --out "$out/smoke" 2>&1 | tee "$out/smoke.log"; then
+        false  # the long checks would fail the same way: stop, keep the log
+    else
     # The serving warm-up's self-check (Triton/flash attention + CUDA graphs, Triton
     # Philox, against the torch references) on a plain-torch model, in bf16 and fp32.
     for dtype in bfloat16 float32; do
@@ -34,12 +41,18 @@ check)
     "$py" -m pytest -q -p no:cacheprovider tests/test_step_bench.py tests/test_triton_attention.py \
         tests/test_vocab_parallel.py \
         tests/test_philox.py 2>&1 | tee "$out/triton-tests.log"
+    fi
     ;;
 bench)
     "$py" benchmarks/step_bench.py --out "$out/step-gpu" 2>&1 | tee "$out/step-gpu.log"
     ;;
-*)
-    echo "unknown stage $stage: check or bench" >&2
-    exit 2
+profile)
+    "$py" benchmarks/profile_step.py --out "$out/profile" 2>&1 | tee "$out/profile.log"
+    "$py" benchmarks/triton_tile_sweep.py --out "$out/tile-sweep" 2>&1 | tee "$out/tile-sweep.log"
     ;;
 esac
+status=$?
+if [ -n "${OUT:-}" ]; then
+    tar czf "$OUT/$stage.tgz" -C "$OUT" "$stage" && rm -rf "$out"
+fi
+exit $status
