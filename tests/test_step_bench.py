@@ -16,16 +16,22 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-def test_step_bench_runs_every_case_without_vllm(tmp_path):
-    script = str(REPO_ROOT / "benchmarks" / "step_bench.py")
-    # `sys.modules["vllm"] = None` makes every `import vllm...` in that process raise ImportError.
+
+def run_without_vllm(name: str, *args: str) -> None:
+    """Run benchmarks/<name> as a script in a process where every `import vllm...`
+    raises ImportError (`sys.modules["vllm"] = None`)."""
+    script = str(REPO_ROOT / "benchmarks" / name)
     code = (
         "import runpy, sys; sys.modules['vllm'] = None; "
-        f"sys.argv = ['step_bench.py', '--smoke', '--out', {str(tmp_path)!r}]; "
+        f"sys.argv = [{name!r}, *{list(args)!r}]; "
         f"runpy.run_path({script!r}, run_name='__main__')"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_step_bench_runs_every_case_without_vllm(tmp_path):
+    run_without_vllm("step_bench.py", "--smoke", "--out", str(tmp_path))
 
     result = json.loads((tmp_path / "results.json").read_text())
     assert {"device", "torch", "shape", "cases", "op_counts", "sparse_reuse_attention"} <= set(result)
@@ -47,14 +53,7 @@ def test_step_bench_runs_every_case_without_vllm(tmp_path):
 def test_profile_step_runs_without_vllm(tmp_path):
     """benchmarks/profile_step.py (run on GPU machines, which have no vLLM) profiles
     both sides of a case and writes their tables and a summary."""
-    script = str(REPO_ROOT / "benchmarks" / "profile_step.py")
-    code = (
-        "import runpy, sys; sys.modules['vllm'] = None; "
-        f"sys.argv = ['profile_step.py', '--small', '--cases', '1x256', '--steps', '1', '--out', {str(tmp_path)!r}]; "
-        f"runpy.run_path({script!r}, run_name='__main__')"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_without_vllm("profile_step.py", "--small", "--cases", "1x256", "--steps", "1", "--out", str(tmp_path))
     (row,) = json.loads((tmp_path / "summary.json").read_text())
     assert (row["case"], row["requests"], row["context"], row["cuda_graphs"]) == ("1x256", 1, 256, False)
     for side in ("ours", "ideal"):
