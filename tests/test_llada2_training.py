@@ -55,11 +55,14 @@ def test_two_copy_layout_attends_as_block_causal_decoding():
         window = llada2.block_causal_mask(pos // block, torch.ones_like(pos, dtype=torch.bool))
         plain = model.hidden_states(seq[None], pos, window)[0]
         assert torch.allclose(hidden[i, cols[i, : len(c)]], plain[len(p):], atol=1e-5)
-        assert torch.allclose(hidden[i, : len(seq)], plain, atol=1e-5)
+        # The clean copy holds every block but the last (which nothing reads).
+        context = len(seq) - block
+        assert ids[i, :context].tolist() == (p + c)[:context]
+        assert torch.allclose(hidden[i, :context], plain[:context], atol=1e-5)
         # Noisy queries never see the clean copy of their own block or later ones.
         first = len(p) // block * block
-        noisy_q = len(seq)  # the first noisy row: block first // block
-        seen = mask[i, noisy_q, : len(seq)].nonzero().flatten()
+        assert int(valid[i].sum()) == context + len(seq) - first
+        seen = mask[i, context, :context].nonzero().flatten()  # the first noisy row
         assert int(seen.max()) < first if len(seen) else True
 
 
@@ -93,13 +96,14 @@ def test_loss_masks_and_corrupts_only_the_canvas():
     _, _, _, _, cols = llada2.two_copy_layout(prompts, canvases, block, 7)
     for i, (p, c) in enumerate(zip(prompts, canvases)):
         row = spy2.seen[i]
-        assert row[: len(p) + len(c)].tolist() == p + c, "the clean copy is clean"
+        context = len(p) + len(c) - block
+        assert row[:context].tolist() == (p + c)[:context], "the clean copy is clean"
         canvas = row[cols[i, : len(c)]]
         masked += int((canvas == mask_id).sum())
         replaced += int(((canvas != mask_id) & (canvas != torch.tensor(c))).sum())
         assert 1 <= int((canvas == mask_id).sum()) <= len(c)
         first = len(p) // block * block
-        assert row[len(p) + len(c): len(p) + len(c) + len(p) - first].tolist() == p[first:], "prompt stays clean"
+        assert row[context: context + len(p) - first].tolist() == p[first:], "prompt stays clean"
     assert replaced > 0 and masked > 0
     # Masked tokens at 1/k, plus every unmasked canvas position at 1/G: more than ln V.
     assert loss2.item() > loss.item() and stats["edit_fixed"] is not None

@@ -250,6 +250,11 @@ def two_copy_layout(prompts: list[list[int]], canvases: list[list[int]], block_l
     meets it: earlier blocks final, its own partly masked.  The prompt part of the
     first noisy block (the prompt's partial last block) stays clean.
 
+    The clean copy stops before the last block: no noisy block reads it (each reads
+    clean blocks before its own) and no earlier clean block does (block-causal), and
+    the loss scores the noisy copy only, so computing it would change nothing.  For
+    the short answers of these tasks that block is a third to a half of a row.
+
     Returns ids, positions, mask, valid, and per row the columns of its canvas
     positions in the noisy copy (`canvas_cols`, -1 past a row's canvas)."""
     rows = []
@@ -259,10 +264,11 @@ def two_copy_layout(prompts: list[list[int]], canvases: list[list[int]], block_l
         if len(seq) % block_length:
             raise ValueError("canvases must reach a block end (extend_to_block)")
         first = len(prompt) // block_length * block_length  # the noisy copy's start
-        tokens = seq + seq[first:]
-        positions = list(range(len(seq))) + list(range(first, len(seq)))
-        noisy = [False] * len(seq) + [True] * (len(seq) - first)
-        cols = [len(seq) + len(prompt) - first + j for j in range(len(canvas))]
+        context = len(seq) - block_length  # the clean copy's end
+        tokens = seq[:context] + seq[first:]
+        positions = list(range(context)) + list(range(first, len(seq)))
+        noisy = [False] * context + [True] * (len(seq) - first)
+        cols = [context + len(prompt) - first + j for j in range(len(canvas))]
         rows.append((tokens, positions, noisy, cols))
         width = max(width, len(tokens))
     b = len(rows)
