@@ -72,7 +72,9 @@ class Attention(nn.Module):
         self.key_layernorm = RMSNorm(self.head_dim)
         self.dense = nn.Linear(heads * self.head_dim, hidden, bias=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v as attention reads them: [B, heads, T, head_dim] each (QK-normed,
+        rotated, the KV heads repeated for their query heads)."""
         b, t, _ = x.shape
         qkv = self.query_key_value(x).view(b, t, -1, self.head_dim)
         q, k, v = qkv.split([self.heads, self.kv_heads, self.kv_heads], dim=2)
@@ -82,6 +84,17 @@ class Attention(nn.Module):
         if self.kv_heads != self.heads:
             k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
             v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        return q, k, v
+
+    def weights(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Attention probabilities [B, heads, T, T] (for inspection; the forward uses SDPA)."""
+        q, k, _ = self.project(x, positions)
+        scores = (q @ k.transpose(-1, -2)) * self.head_dim**-0.5
+        return scores.masked_fill(~mask[:, None], float("-inf")).softmax(-1)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.project(x, positions)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
         return self.dense(out.transpose(1, 2).reshape(b, t, -1))
 
