@@ -216,3 +216,17 @@ def test_the_plugin_serves_the_trained_checkpoint(trained):
         assert result.n == 4 and result.denoising_steps > 0
     finally:
         runner.engine.engine_core.shutdown()
+
+
+def test_qk_gain_init_sets_the_attention_temperature(tmp_path):
+    out = tmp_path / "gains"
+    common = ["--arch", "llada2", "--out", str(out), *SIZES, "--tasks", "addition", "--steps", "1",
+              "--warmup", "1", "--eval-n", "1", "--save-every", "1", "--checkpoint-dtype", "float32"]
+    with pytest.raises(SystemExit):
+        train.main([*common, "--qk-gain-init", "0"])
+    assert train.main([*common, "--qk-gain-init", "1.5", "--lr", "1e-9"]) == 0
+    state = torch.load(out / "state.pt", weights_only=False)
+    gains = [v for k, v in state["model"].items() if k.endswith(("query_layernorm.weight", "key_layernorm.weight"))]
+    assert len(gains) == 2 * 3 and all(torch.allclose(g, torch.full_like(g, 1.5), atol=1e-6) for g in gains)
+    norms = [v for k, v in state["model"].items() if k.endswith("input_layernorm.weight")]
+    assert all(torch.allclose(n, torch.ones_like(n), atol=1e-6) for n in norms), "only the QK-norm gains move"

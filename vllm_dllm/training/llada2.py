@@ -208,6 +208,15 @@ class TrainableLLaDA2(nn.Module):
             if name.endswith(("attention.dense.weight", "down_proj.weight")):
                 param.data.mul_(0.5 / depth**0.5)
 
+    @torch.no_grad()
+    def set_qk_gains(self, gain: float) -> None:
+        """Every layer's query and key RMSNorm gains to `gain`.  With QK-norm a logit
+        is at most sqrt(head_dim) x g_q x g_k: at 1.0 and a head of 48 about 7, which
+        caps how sharply a head can single out one of a few hundred positions."""
+        for layer in self.model.layers:
+            layer.attention.query_layernorm.weight.fill_(gain)
+            layer.attention.key_layernorm.weight.fill_(gain)
+
     def moe_layers(self) -> list[MoE]:
         return [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, MoE)]
 
