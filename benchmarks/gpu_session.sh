@@ -11,14 +11,19 @@
 #   bash benchmarks/gpu_session.sh bench   # the LLaDA-8B-shaped step_bench (bf16), ~2 min
 #   bash benchmarks/gpu_session.sh profile # where the step's time goes (profile_step.py) and
 #                                          #  the Triton KV-tile sweep (triton_tile_sweep.py), ~3 min
+#   bash benchmarks/gpu_session.sh train   # issue 27's LLaDA2-format task model on CUDA: the
+#                                          #  CPU run's command (docs/training-log.md, run 2) for
+#                                          #  TRAIN_MINUTES (default 8) from scratch, or resumed from
+#                                          #  runs/gpu-run that an earlier call left on the same warm
+#                                          #  machine; brings back the checkpoint (bf16) and the log
 #
 # `check` first: it fails in seconds where the long run would fail after minutes.
 # The device tool brings back only a few files per call, so on that machine ($OUT set)
 # a stage leaves one archive, $OUT/<stage>.tgz.  Commit what it holds under
 # benchmarks/results/step-gpu/ (see its README.md for the first run) and name the device.
 set -uo pipefail
-stage=${1:?usage: gpu_session.sh check|bench|profile}
-case "$stage" in check|bench|profile) ;; *) echo "unknown stage $stage: check, bench or profile" >&2; exit 2 ;; esac
+stage=${1:?usage: gpu_session.sh check|bench|profile|train}
+case "$stage" in check|bench|profile|train) ;; *) echo "unknown stage $stage: check, bench, profile or train" >&2; exit 2 ;; esac
 out=${OUT:-/tmp/gpu-session}/$stage
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -49,6 +54,17 @@ bench)
 profile)
     "$py" benchmarks/profile_step.py --out "$out/profile" 2>&1 | tee "$out/profile.log"
     "$py" benchmarks/triton_tile_sweep.py --out "$out/tile-sweep" 2>&1 | tee "$out/tile-sweep.log"
+    ;;
+train)
+    # The state (weights and optimizer, ~65 MB) stays on the machine for the next call's
+    # --resume: only files under 16 MiB come back, so the bf16 checkpoint does.
+    "$py" -m vllm_dllm.tools.train --arch llada2 --out runs/gpu-run --tasks every --hidden 192 --layers 4 \
+        --heads 4 --kv-heads 2 --intermediate 576 --experts 16 --experts-per-token 4 --expert-groups 4 \
+        --topk-groups 2 --moe-intermediate 128 --rope-theta 10000 --steps 40000 --lr 2e-3 --warmup 200 \
+        --batch-scale 0.67 --embedding-std 1.0 --curriculum-threshold 0.9 --eval-every 1000 --eval-n 24 \
+        --save-every 200 --device cuda --threads 8 --resume --minutes "${TRAIN_MINUTES:-8}" \
+        ${TRAIN_ARGS:-} 2>&1 | tail -n 400 > "$out/train.log"
+    cp -r runs/gpu-run/model runs/gpu-run/train_log.jsonl "$out/" && tail -n 3 "$out/train.log"
     ;;
 esac
 status=$?
