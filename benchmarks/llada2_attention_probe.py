@@ -26,7 +26,7 @@ import torch
 
 from vllm_dllm.tasks import TEST, Retrieval
 from vllm_dllm.tools.train import Llada2Encoder
-from vllm_dllm.tools.train_llada2 import MOE_ARGS, llada2_shape
+from vllm_dllm.tools.train_llada2 import saved_llada2_model
 from vllm_dllm.training import llada2
 
 PAIR_COUNTS = (2, 4, 8, 40)
@@ -95,14 +95,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     state = torch.load(args.state, weights_only=False, map_location="cpu")
-    saved = state["args"]
-    moe = llada2.moe_settings(argparse.Namespace(**{k: int(saved[k]) for k in MOE_ARGS}))
-    ids = llada2.build_llada2_tokenizer(args.state.parent / "tokenizer", int(saved["max_len"]))
-    model = llada2.build_model(ids, llada2_shape(saved), moe)
-    model.load_state_dict(state["model"])
+    model, ids, _, _ = saved_llada2_model(state, args.state)
     model.eval()
     encoder = Llada2Encoder(args.state.parent / "tokenizer", ids)
-    block = int(saved["block_length"])
+    block = int(state["args"]["block_length"])
     result = {"step": state["step"], "pairs": {}}
     for pairs in (int(p) for p in args.pairs.split(",")):
         table = probe(model, encoder, pairs, args.n, block)

@@ -44,8 +44,9 @@ def llada2_shape(args) -> dict:
                 rope_theta=float(get("rope_theta")))
 
 
-def export_saved_llada2(state: dict, state_path: pathlib.Path, out: pathlib.Path) -> int:
-    """The checkpoint of a saved LLaDA2 state (train.export_saved)."""
+def saved_llada2_model(state: dict, state_path: pathlib.Path):
+    """(model, ids, shape, moe) of a saved LLaDA2 training state (`state`, loaded from
+    `state_path`, whose folder holds the run's tokenizer)."""
     from vllm_dllm.training import llada2
 
     saved = state["args"]
@@ -54,6 +55,13 @@ def export_saved_llada2(state: dict, state_path: pathlib.Path, out: pathlib.Path
     ids = llada2.build_llada2_tokenizer(state_path.parent / "tokenizer", int(saved["max_len"]))
     model = llada2.build_model(ids, shape, moe)
     model.load_state_dict(state["model"])
+    return model, ids, shape, moe
+
+
+def export_saved_llada2(state: dict, state_path: pathlib.Path, out: pathlib.Path) -> int:
+    """The checkpoint of a saved LLaDA2 state (train.export_saved)."""
+    saved = state["args"]
+    model, _, shape, moe = saved_llada2_model(state, state_path)
     export_llada2(model, out, shape, moe, int(saved["max_len"]), resolve_tasks(saved["tasks"]),
                   saved.get("checkpoint_dtype", "bfloat16"))
     return state["step"]
