@@ -57,14 +57,19 @@ profile)
     ;;
 train)
     # The state (weights and optimizer, ~65 MB) stays on the machine for the next call's
-    # --resume: only files under 16 MiB come back, so the bf16 checkpoint does.
+    # --resume: only files under 16 MiB come back, so the bf16 checkpoint does.  The
+    # command is the CPU runs' (docs/training-log.md) with --steps 40000, without run 2's
+    # later task weights (TRAIN_ARGS adds options; a later one wins).  A failed run leaves
+    # the stage failing even where an earlier call's checkpoint is still there to copy.
     "$py" -m vllm_dllm.tools.train --arch llada2 --out runs/gpu-run --tasks every --hidden 192 --layers 4 \
         --heads 4 --kv-heads 2 --intermediate 576 --experts 16 --experts-per-token 4 --expert-groups 4 \
         --topk-groups 2 --moe-intermediate 128 --rope-theta 10000 --steps 40000 --lr 2e-3 --warmup 200 \
         --batch-scale 0.67 --embedding-std 1.0 --curriculum-threshold 0.9 --eval-every 1000 --eval-n 24 \
         --save-every 200 --device cuda --threads 8 --resume --minutes "${TRAIN_MINUTES:-8}" \
-        ${TRAIN_ARGS:-} 2>&1 | tail -n 400 > "$out/train.log"
-    cp -r runs/gpu-run/model runs/gpu-run/train_log.jsonl "$out/" && tail -n 3 "$out/train.log"
+        ${TRAIN_ARGS:-} 2>&1 | tee "$out/train.log" | grep -iE '"accuracy"|resumed|wrote|error'
+    trained=${PIPESTATUS[0]}
+    cp -r runs/gpu-run/model runs/gpu-run/train_log.jsonl "$out/"
+    [ "$trained" -eq 0 ]
     ;;
 esac
 status=$?

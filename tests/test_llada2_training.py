@@ -222,8 +222,9 @@ def test_qk_gain_init_sets_the_attention_temperature(tmp_path):
     out = tmp_path / "gains"
     common = ["--arch", "llada2", "--out", str(out), *SIZES, "--tasks", "addition", "--steps", "1",
               "--warmup", "1", "--eval-n", "1", "--save-every", "1", "--checkpoint-dtype", "float32"]
-    with pytest.raises(SystemExit):
-        train.main([*common, "--qk-gain-init", "0"])
+    for bad in ("0", "nan", "inf"):
+        with pytest.raises(SystemExit):
+            train.main([*common, "--qk-gain-init", bad])
     assert train.main([*common, "--qk-gain-init", "1.5", "--lr", "1e-9"]) == 0
     state = torch.load(out / "state.pt", weights_only=False)
     gains = [v for k, v in state["model"].items() if k.endswith(("query_layernorm.weight", "key_layernorm.weight"))]

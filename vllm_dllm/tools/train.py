@@ -369,8 +369,8 @@ def main(argv=None) -> int:
     group.add_argument("--edit-weight", type=float, default=1.0,
                        help="weight of the unmasked positions' loss (per canvas position)")
     group.add_argument("--qk-gain-init", type=float, default=1.0,
-                       help="initial QK-norm gains: with QK-norm a logit is at most sqrt(head_dim) x g_q x g_k, so "
-                            "the gains are the attention's temperature")
+                       help="a new run's QK-norm gains (--resume and --init-from load theirs): with QK-norm a logit "
+                            "is at most sqrt(head_dim) x g_q x g_k, so the gains are the attention's temperature")
     group.add_argument("--bias-update", type=float, default=1e-3,
                        help="auxiliary-loss-free balancing: expert bias step after each optimizer step")
     group.add_argument("--eval-threshold", type=float, default=0.95, help="LLaDA2.0 threshold of the held-out eval")

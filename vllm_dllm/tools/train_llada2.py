@@ -126,8 +126,8 @@ def train_llada2(args, ap) -> int:
     model = llada2.build_model(ids, shape, moe).to(args.device)
     if args.embedding_std is not None:
         torch.nn.init.normal_(model.model.word_embeddings.weight, std=args.embedding_std)
-    if args.qk_gain_init <= 0:
-        ap.error("--qk-gain-init must be positive")
+    if not 0 < args.qk_gain_init < float("inf"):
+        ap.error("--qk-gain-init must be a positive number")
     model.set_qk_gains(args.qk_gain_init)
     optim = adamw(model, args.lr)
     data_rng = random.Random(args.seed)

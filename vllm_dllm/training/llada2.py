@@ -274,8 +274,10 @@ def two_copy_layout(prompts: list[list[int]], canvases: list[list[int]], block_l
 
     The clean copy stops before the last block: no noisy block reads it (each reads
     clean blocks before its own) and no earlier clean block does (block-causal), and
-    the loss scores the noisy copy only, so computing it would change nothing.  For
-    the short answers of these tasks that block is a third to a half of a row.
+    the loss scores the noisy copy only, so the loss and its gradients are the same
+    without it (only the experts' load counts, which `balance` reads, no longer see
+    those duplicate tokens).  Where prompts are short that block is a third to a half
+    of a row.
 
     Returns ids, positions, mask, valid, and per row the columns of its canvas
     positions in the noisy copy (`canvas_cols`, -1 past a row's canvas)."""
