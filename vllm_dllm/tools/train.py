@@ -213,11 +213,13 @@ def evaluate(model, task: Task, encoder: Encoder, n: int, seed: int, gen_length:
     return correct / n
 
 
-def save_state(path: pathlib.Path, model, optim, data_rng, noise, step: int, args, curriculum: Curriculum) -> None:
+def save_state(path: pathlib.Path, model, optim, data_rng, noise, step: int, args, curriculum: Curriculum,
+               **extra) -> None:
     state = {
         "model": model.state_dict(), "optim": optim.state_dict(), "data_rng": data_rng.getstate(),
         "curriculum": curriculum.state_dict(),
         "noise": noise.get_state(), "step": step, "args": {k: str(v) for k, v in vars(args).items()},
+        **extra,
     }
     torch.save(state, path.with_suffix(".tmp"))
     path.with_suffix(".tmp").replace(path)
@@ -371,6 +373,10 @@ def main(argv=None) -> int:
     group.add_argument("--qk-gain-init", type=float, default=1.0,
                        help="a new run's QK-norm gains (--resume and --init-from load theirs): with QK-norm a logit "
                             "is at most sqrt(head_dim) x g_q x g_k, so the gains are the attention's temperature")
+    group.add_argument("--balance-tasks", action="store_true",
+                       help="rescale each step's gradients so every task's typical gradient norm is the same "
+                            "(training/task_balance.py): tasks with short answers otherwise learn slowly under "
+                            "one AdamW")
     group.add_argument("--bias-update", type=float, default=1e-3,
                        help="auxiliary-loss-free balancing: expert bias step after each optimizer step")
     group.add_argument("--eval-threshold", type=float, default=0.95, help="LLaDA2.0 threshold of the held-out eval")
@@ -394,6 +400,8 @@ def main(argv=None) -> int:
         from vllm_dllm.tools.train_llada2 import train_llada2  # it builds on this module
 
         return train_llada2(args, ap)
+    if args.balance_tasks:
+        ap.error("--balance-tasks is an --arch llada2 option (the LLaDA-format loop keeps its published recipe)")
     args.out.mkdir(parents=True, exist_ok=True)
     tok_dir = args.out / "tokenizer"
     tok_dir.mkdir(exist_ok=True)

@@ -29,6 +29,7 @@ from vllm_dllm.tools.train import (
 )
 from vllm_dllm.training.curriculum import Curriculum
 from vllm_dllm.training.optim import adamw, load_adamw_state
+from vllm_dllm.training.task_balance import TaskGradientBalance
 
 MOE_ARGS = ("experts", "experts_per_token", "expert_groups", "topk_groups", "moe_intermediate", "shared_experts",
             "dense_layers")
@@ -91,6 +92,10 @@ def evaluate_llada2(model, task: Task, encoder: Encoder, n: int, seed: int, bloc
     return sum(score(i, encoder.decode(o)) for i, o in zip(instances, outs)) / n
 
 
+def balance_state(balance: TaskGradientBalance | None) -> dict:
+    return {} if balance is None else {"task_balance": balance.state_dict()}
+
+
 def train_llada2(args, ap) -> int:
     """The training loop of `--arch llada2` (block diffusion, token editing)."""
     from vllm_dllm.training import llada2
@@ -130,6 +135,7 @@ def train_llada2(args, ap) -> int:
         ap.error("--qk-gain-init must be a positive number")
     model.set_qk_gains(args.qk_gain_init)
     optim = adamw(model, args.lr)
+    task_balance = TaskGradientBalance() if args.balance_tasks else None
     data_rng = random.Random(args.seed)
     noise = torch.Generator().manual_seed(args.seed)
     curriculum = Curriculum(names, linear_steps=args.curriculum_steps, threshold=args.curriculum_threshold)
@@ -151,6 +157,8 @@ def train_llada2(args, ap) -> int:
             curriculum.load_state_dict(state["curriculum"])
         except ValueError as exc:
             ap.error(f"--resume: {exc}")
+        if task_balance is not None and "task_balance" in state:
+            task_balance.load_state_dict(state["task_balance"])
         step = state["step"]
         print(f"resumed at step {step}", flush=True)
     params = sum(p.numel() for p in model.parameters())
@@ -176,6 +184,12 @@ def train_llada2(args, ap) -> int:
         )
         optim.zero_grad(set_to_none=True)
         loss.backward()
+        grad_scale = None
+        if task_balance is not None:
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            grad_scale = task_balance.scale(task.name, torch.nn.utils.get_total_norm(grads).item())
+            for grad in grads:
+                grad.mul_(grad_scale)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optim.step()
         model.balance(args.bias_update)
@@ -183,6 +197,8 @@ def train_llada2(args, ap) -> int:
         record = {"step": step, "task": task.name, "loss": round(loss.item(), 4),
                   **{k: None if v is None else round(v, 3) for k, v in stats.items()},
                   "elapsed_s": round(time.time() - start, 1)}
+        if grad_scale is not None:
+            record["grad_scale"] = round(grad_scale, 3)
         accuracy = stats["answer_accuracy"]
         if accuracy is not None and curriculum.observe(task.name, accuracy):
             record["level"] = curriculum.levels[task.name]
@@ -204,8 +220,8 @@ def train_llada2(args, ap) -> int:
         if step % 20 == 0 or "accuracy" in record or "level" in record:
             print(json.dumps(record), flush=True)
         if step % args.save_every == 0:
-            save_state(state_path, model, optim, data_rng, noise, step, args, curriculum)
-    save_state(state_path, model, optim, data_rng, noise, step, args, curriculum)
+            save_state(state_path, model, optim, data_rng, noise, step, args, curriculum, **balance_state(task_balance))
+    save_state(state_path, model, optim, data_rng, noise, step, args, curriculum, **balance_state(task_balance))
     export_llada2(model, args.out / "model", shape, moe, args.max_len, tasks, args.checkpoint_dtype)
     print(f"wrote {args.out / 'model'} after {step} steps", flush=True)
     return 0
