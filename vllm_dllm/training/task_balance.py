@@ -1,13 +1,14 @@
 """One gradient scale for every task of a multi-task run.
 
 Each training step is one task's batch, and AdamW's second moments average the squared
-gradients of the last ~1,000 steps over every task.  A task whose gradients are a fifth
-of the others' (a two-token retrieval answer in a 32-position canvas of end-of-text,
-against a 48-token copy: measured on the LLaDA2 run, docs/training-log.md, session 15)
-then moves the weights a fifth as far per step, whatever it still has to learn.
-Rescaling each step's gradients by (mean over tasks of their running norms) / (this
-task's running norm) gives every task the same typical step; a task's own steps keep
-their relative sizes, so its own schedule of easy and hard batches is not flattened.
+gradients of the last ~1,000 steps over every task, so a task with small gradients moves
+the weights less per step, whatever it still has to learn.  On the LLaDA2 run a
+two-token retrieval answer in a 32-position canvas of end-of-text had under half of
+copy's whole gradient and a fifth of its attention gradient (docs/training-log.md,
+session 15).  Rescaling each step's gradients by (mean over tasks of their running
+norms) / (this task's running norm) gives every task the same typical whole-gradient
+step (not the same per layer); a task's own steps keep their relative sizes, so its
+schedule of easy and hard batches is not flattened.
 """
 
 from __future__ import annotations
