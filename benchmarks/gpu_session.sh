@@ -16,14 +16,21 @@
 #                                          #  TRAIN_MINUTES (default 8) from scratch, or resumed from
 #                                          #  runs/gpu-run that an earlier call left on the same warm
 #                                          #  machine; brings back the checkpoint (bf16) and the log
+#   bash benchmarks/gpu_session.sh train-matrix  # issue 27 on one call: the main LLaDA2 run
+#                                          #  (every task, lookup, retrieval-weighted, balanced
+#                                          #  gradients) and two lookup probes side by side on the
+#                                          #  one GPU for TRAIN_MINUTES (default 7.5), from scratch;
+#                                          #  brings back the main run's float32 checkpoint and
+#                                          #  every run's log
 #
 # `check` first: it fails in seconds where the long run would fail after minutes.
 # The device tool brings back only a few files per call, so on that machine ($OUT set)
 # a stage leaves one archive, $OUT/<stage>.tgz.  Commit what it holds under
 # benchmarks/results/step-gpu/ (see its README.md for the first run) and name the device.
 set -uo pipefail
-stage=${1:?usage: gpu_session.sh check|bench|profile|train}
-case "$stage" in check|bench|profile|train) ;; *) echo "unknown stage $stage: check, bench, profile or train" >&2; exit 2 ;; esac
+stage=${1:?usage: gpu_session.sh check|bench|profile|train|train-matrix}
+case "$stage" in check|bench|profile|train|train-matrix) ;;
+*) echo "unknown stage $stage: check, bench, profile, train or train-matrix" >&2; exit 2 ;; esac
 out=${OUT:-/tmp/gpu-session}/$stage
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -71,9 +78,46 @@ train)
     cp -r runs/gpu-run/model runs/gpu-run/train_log.jsonl "$out/"
     [ "$trained" -eq 0 ]
     ;;
+train-matrix)
+    # Small models leave the GPU idle between kernel launches, so three runs share it.
+    # main: the shipped candidate; lookup: the lookup alone at the main shape (does it
+    # ever form given GPU-many steps?); focus: the reading tasks alone.
+    shape=(--arch llada2 --hidden 192 --layers 4 --heads 4 --kv-heads 2 --intermediate 576 --experts 16
+           --experts-per-token 4 --expert-groups 4 --topk-groups 2 --moe-intermediate 128 --rope-theta 10000
+           --steps 40000 --lr 2e-3 --warmup 200 --embedding-std 1.0 --curriculum-threshold 0.9 --eval-n 24
+           --save-every 1000 --device "${TRAIN_DEVICE:-cuda}" --threads 4 --minutes "${TRAIN_MINUTES:-7.5}")
+    declare -A runs=(
+        [main]="--tasks every,lookup --batch-scale 1.5 --batch-sizes retrieval=64,lookup=128
+                --task-weights retrieval=3,lookup=3,chain=2,addition=2,sort=2,multiply=2 --balance-tasks
+                --eval-every 2000 --checkpoint-dtype float32"
+        [lookup]="--tasks lookup --batch-sizes lookup=256 --eval-every 1000"
+        [focus]="--tasks retrieval,lookup,copy,reverse --batch-sizes retrieval=64,lookup=128
+                 --task-weights retrieval=2,lookup=2 --balance-tasks --eval-every 1000"
+    )
+    for name in "${!runs[@]}"; do
+        # shellcheck disable=SC2086
+        "$py" -m vllm_dllm.tools.train "${shape[@]}" --out "runs/gpu-$name" ${runs[$name]} \
+            >"$out/$name.log" 2>&1 &
+    done
+    sleep "${TRAIN_PEEK_S:-90}"
+    for name in "${!runs[@]}"; do echo "== $name after ${TRAIN_PEEK_S:-90} s"; tail -n 2 "$out/$name.log"; done
+    failed=0
+    for job in $(jobs -p); do wait "$job" || failed=1; done
+    for name in "${!runs[@]}"; do
+        echo "== $name"; grep -E '"accuracy"|wrote|Error|error' "$out/$name.log" | tail -n 4
+        cp "runs/gpu-$name/train_log.jsonl" "$out/$name.jsonl" 2>/dev/null
+    done
+    cp -r runs/gpu-main/model "$out/main-model" 2>/dev/null
+    [ "$failed" -eq 0 ]
+    ;;
 esac
 status=$?
 if [ -n "${OUT:-}" ]; then
+    # Files come back only up to 16 MiB each: a larger archive comes back in parts
+    # (cat $stage.tgz.part-* > $stage.tgz).
     tar czf "$OUT/$stage.tgz" -C "$OUT" "$stage" && rm -rf "$out"
+    if [ "$(stat -c %s "$OUT/$stage.tgz")" -gt $((15 * 1024 * 1024)) ]; then
+        split -b 15M "$OUT/$stage.tgz" "$OUT/$stage.tgz.part-" && rm "$OUT/$stage.tgz"
+    fi
 fi
 exit $status
