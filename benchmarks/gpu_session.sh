@@ -22,15 +22,19 @@
 #                                          #  one GPU for TRAIN_MINUTES (default 7.5), from scratch;
 #                                          #  brings back the main run's float32 checkpoint and
 #                                          #  every run's log
+#   bash benchmarks/gpu_session.sh lookup-probes  # six small-model runs of the multi-query
+#                                          #  lookup (`recall`) side by side for TRAIN_MINUTES
+#                                          #  (default 3): which settings let the matching form;
+#                                          #  brings back their logs
 #
 # `check` first: it fails in seconds where the long run would fail after minutes.
 # The device tool brings back only a few files per call, so on that machine ($OUT set)
 # a stage leaves one archive, $OUT/<stage>.tgz.  Commit what it holds under
 # benchmarks/results/step-gpu/ (see its README.md for the first run) and name the device.
 set -uo pipefail
-stage=${1:?usage: gpu_session.sh check|bench|profile|train|train-matrix}
-case "$stage" in check|bench|profile|train|train-matrix) ;;
-*) echo "unknown stage $stage: check, bench, profile, train or train-matrix" >&2; exit 2 ;; esac
+stage=${1:?usage: gpu_session.sh check|bench|profile|train|train-matrix|lookup-probes}
+case "$stage" in check|bench|profile|train|train-matrix|lookup-probes) ;;
+*) echo "unknown stage $stage: check, bench, profile, train, train-matrix or lookup-probes" >&2; exit 2 ;; esac
 out=${OUT:-/tmp/gpu-session}/$stage
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -108,6 +112,30 @@ train-matrix)
         cp "runs/gpu-$name/train_log.jsonl" "$out/$name.jsonl" 2>/dev/null
     done
     cp -r runs/gpu-main/model "$out/main-model" 2>/dev/null
+    [ "$failed" -eq 0 ]
+    ;;
+lookup-probes)
+    # The small model of the CPU probes (docs/training-log.md, session 16); each run
+    # changes one thing against `base` (embeddings at the default std 0.02).
+    small=(--arch llada2 --tasks recall --hidden 96 --layers 4 --heads 2 --kv-heads 2 --intermediate 288
+           --experts 4 --experts-per-token 2 --expert-groups 2 --topk-groups 1 --moe-intermediate 64
+           --rope-theta 10000 --steps 20000 --warmup 100 --batch-sizes recall=128 --curriculum-threshold 0.9
+           --eval-every 100000 --save-every 100000 --device "${TRAIN_DEVICE:-cuda}" --threads 2
+           --minutes "${TRAIN_MINUTES:-3}")
+    declare -A runs=(
+        [base]="--lr 2e-3" [mimetic]="--lr 2e-3 --mimetic-qk 0.1" [lr5e-3]="--lr 5e-3"
+        [noedit]="--lr 2e-3 --edit-ratio 0" [emb1]="--lr 2e-3 --embedding-std 1.0"
+        [dense]="--lr 2e-3 --dense-layers 3"
+    )
+    for name in "${!runs[@]}"; do
+        # shellcheck disable=SC2086
+        "$py" -m vllm_dllm.tools.train "${small[@]}" --out "runs/probe-$name" ${runs[$name]} >"$out/$name.log" 2>&1 &
+    done
+    failed=0
+    for job in $(jobs -p); do wait "$job" || failed=1; done
+    for name in "${!runs[@]}"; do
+        tail -n 1 "$out/$name.log"; cp "runs/probe-$name/train_log.jsonl" "$out/$name.jsonl" 2>/dev/null
+    done
     [ "$failed" -eq 0 ]
     ;;
 esac

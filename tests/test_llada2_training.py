@@ -231,3 +231,44 @@ def test_qk_gain_init_sets_the_attention_temperature(tmp_path):
     assert len(gains) == 2 * 3 and all(torch.allclose(g, torch.full_like(g, 1.5), atol=1e-6) for g in gains)
     norms = [v for k, v in state["model"].items() if k.endswith("input_layernorm.weight")]
     assert all(torch.allclose(n, torch.ones_like(n), atol=1e-6) for n in norms), "only the QK-norm gains move"
+
+
+def test_mimetic_qk_starts_attention_on_like_tokens():
+    """--mimetic-qk: each query head starts as its KV head's key projection (plus the
+    stated noise), so before any training a token's query scores the same token's key
+    above other tokens' keys in every head; without it the scores are unrelated."""
+    rng = random.Random(3)
+    ids = torch.tensor([[rng.randrange(100, 2000) for _ in range(24)]])
+    positions = torch.zeros_like(ids)  # the same rotation everywhere: content alone decides
+
+    def self_rank_share(model) -> float:
+        att = model.model.layers[0].attention
+        x = model.model.layers[0].input_layernorm(model.model.word_embeddings(ids))
+        q, k, _ = att.project(x, positions)
+        scores = q @ k.transpose(-1, -2)  # [1, heads, T, T]
+        return (scores.argmax(-1) == torch.arange(ids.shape[1])).float().mean().item()
+
+    plain = _model(0)
+    mimetic = _model(0)
+    mimetic.mimetic_qk(0.0)
+    hd, heads, kv = 16, 4, 2
+    for layer in mimetic.model.layers:
+        w = layer.attention.query_key_value.weight
+        for h in range(heads):
+            assert torch.equal(w[h * hd:(h + 1) * hd], w[(heads + h // 2) * hd:(heads + h // 2 + 1) * hd])
+    assert self_rank_share(mimetic) == 1.0
+    assert self_rank_share(plain) < 0.5
+    noisy = _model(0)
+    noisy.mimetic_qk(0.1)
+    assert self_rank_share(noisy) > 0.9
+    k_rows = noisy.model.layers[0].attention.query_key_value.weight[heads * hd:(heads + 1) * hd]
+    q_rows = noisy.model.layers[0].attention.query_key_value.weight[:hd]
+    assert 0.05 < ((q_rows - k_rows).std() / k_rows.std()).item() < 0.15
+
+
+def test_mimetic_qk_option_is_checked(tmp_path):
+    common = ["--arch", "llada2", "--out", str(tmp_path / "m"), *SIZES, "--tasks", "addition", "--steps", "1",
+              "--warmup", "1", "--eval-n", "1", "--save-every", "1"]
+    for bad in ("-0.1", "nan", "inf"):
+        with pytest.raises(SystemExit):
+            train.main([*common, "--mimetic-qk", bad])

@@ -208,3 +208,44 @@ def test_lookup_is_retrievals_mechanism_with_one_capital(tmp_path):
     assert len(tok.encode(inst.answer, add_special_tokens=False)) == 1
     query_key = inst.prompt.rsplit("\n", 1)[1].removeprefix("value of")
     assert len(tok.encode(query_key, add_special_tokens=False)) == 1
+
+
+def test_recall_asks_several_keys_per_instance(tmp_path):
+    """The auxiliary recall task: several queried keys per instance, one capital per
+    query in the order asked, at most half of the keys asked (elimination never settles
+    an answer); seeded, split, checked; four pairs and two queries at the curriculum's
+    start; in no evaluation group; every key and answer one token."""
+    from transformers import PreTrainedTokenizerFast
+
+    from vllm_dllm.tasks import AUX_TASKS, TASK_GROUPS, check_answer
+    from vllm_dllm.training.curriculum import fitting_task, task_at
+
+    task = AUX_TASKS["recall"]
+    assert [task.sample(random.Random(5), TRAIN) for _ in range(3)] == [
+        task.sample(random.Random(5), TRAIN) for _ in range(3)]
+    rng = random.Random(9)
+    train = [task.sample(rng, TRAIN) for _ in range(300)]
+    test = [task.sample(rng, TEST) for _ in range(100)]
+    assert not {i.prompt for i in train} & {i.prompt for i in test}
+    for inst in train + test:
+        assert check_answer(inst) and inst.answer.isupper()
+        pairs = inst.prompt.split("\n")[1].count(";")
+        asked = inst.prompt.split("\n")[2].count(";")
+        assert 8 <= pairs <= 40 and len(inst.answer) == asked == min(8, pairs // 2)
+        wrong = inst.answer[:-1] + ("A" if inst.answer[-1] != "A" else "B")
+        assert not check_answer(Instance("recall", inst.prompt, wrong))
+        assert len(inst.answer) + 1 <= task.gen_length
+    # The answer follows the order asked, not the order of the pairs.
+    assert any(check_answer(Instance("recall", i.prompt, i.answer[::-1])) is False for i in train
+               if len(set(i.answer)) > 1)
+    small = [task_at("recall", 0.0).draw(rng) for _ in range(20)]
+    assert {(i.prompt.split("\n")[1].count(";"), len(i.answer)) for i in small} == {(4, 2)}
+    assert fitting_task(task, 8) is task and fitting_task(task, 7) is None
+    assert all("recall" not in names for names in TASK_GROUPS.values())
+
+    build_tokenizer(tmp_path, 512)
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
+    inst = test[0]
+    assert len(tok.encode(inst.answer, add_special_tokens=False)) == len(inst.answer)
+    queries = inst.prompt.rsplit("\n", 1)[1].removeprefix("values of")
+    assert len(tok.encode(queries, add_special_tokens=False)) == len(inst.answer)

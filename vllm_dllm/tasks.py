@@ -36,6 +36,7 @@ one lowercase-pair token).
 
 `AUX_TASKS` holds training aids, in no group:
   lookup     "find\n;ab=C;ef=G;...\nvalue of;ef="                  -> "G"
+  recall     "find\n;ab=C;ef=G;ij=K;...\nvalues of;ef=;ab="        -> "GC"
 """
 
 from __future__ import annotations
@@ -233,6 +234,31 @@ class Lookup(Task):
         return Instance(self.name, f"find\n{pairs}\nvalue of;{keys[query]}=", values[query])
 
 
+class Recall(Task):
+    """The lookup asked several times per instance (multi-query associative recall):
+    one capital per queried key, in the order asked.  A single-query lookup gives one
+    label per row, and the matching never formed from it in thousands of steps
+    (docs/training-log.md); each query here is a label of its own.  At most half of
+    the keys are asked, so the answers seen unmasked never settle a masked one by
+    elimination."""
+
+    name = "recall"
+
+    def __init__(self, min_pairs: int = 8, max_pairs: int = 40, max_queries: int = 8):
+        self.min_pairs, self.max_pairs = max(2, min_pairs), max(2, max_pairs)
+        self.max_queries = max(1, max_queries)
+        self.gen_length = self.max_queries + 1
+
+    def draw(self, rng: random.Random) -> Instance:
+        n = rng.randint(self.min_pairs, self.max_pairs)
+        keys = rng.sample([a + b for a in LETTERS for b in LETTERS], n)
+        values = [rng.choice(SYMBOLS) for _ in keys]
+        asked = rng.sample(range(n), max(1, min(self.max_queries, n // 2)))
+        pairs = "".join(f";{k}={v}" for k, v in zip(keys, values))
+        queries = "".join(f";{keys[i]}=" for i in asked)
+        return Instance(self.name, f"find\n{pairs}\nvalues of{queries}", "".join(values[i] for i in asked))
+
+
 BRACKETS = {"(": ")", "[": "]", "{": "}", "<": ">"}
 
 
@@ -266,7 +292,7 @@ class Brackets(Task):
 # Harder tasks (issue 27): not part of `TASKS`, which the shipped model was trained on.
 HARD_TASKS: dict[str, Task] = {t.name: t for t in (Sort(), Multiply(), Chain(), Brackets())}
 # Tasks that train a mechanism another task needs; named alone, in no group.
-AUX_TASKS: dict[str, Task] = {t.name: t for t in (Lookup(),)}
+AUX_TASKS: dict[str, Task] = {t.name: t for t in (Lookup(), Recall())}
 ALL_TASKS: dict[str, Task] = {**TASKS, **HARD_TASKS, **AUX_TASKS}
 # Names that stand for several tasks (eval's --task, train's --tasks).
 TASK_GROUPS: dict[str, list[str]] = {"all": list(TASKS), "hard": list(HARD_TASKS),
@@ -328,6 +354,11 @@ def check_answer(instance: Instance) -> bool:
         width = 2 if instance.task == "retrieval" else 1
         value = pairs[query.removeprefix("value of;").removesuffix("=")]
         return len(value) == width and value.isupper() and answer == value
+    if instance.task == "recall":
+        _, body, queries = prompt.split("\n")
+        pairs = dict(p.split("=") for p in body.split(";")[1:])
+        asked = queries.removeprefix("values of;").removesuffix("=").split("=;")
+        return len(asked) <= len(pairs) // 2 and answer == "".join(pairs[k] for k in asked)
     if instance.task in ("copy", "reverse"):
         text = prompt.split(" ", 1)[1]
         return answer == (text if instance.task == "copy" else text[::-1])

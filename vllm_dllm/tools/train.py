@@ -46,7 +46,7 @@ CHAT_SUFFIX = "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
 
 # Sequences per batch, chosen so each task's batch is a similar number of tokens.
 BATCH_SIZES = {"retrieval": 24, "addition": 96, "copy": 48, "reverse": 48,
-               "sort": 48, "multiply": 96, "chain": 32, "brackets": 64, "lookup": 48}
+               "sort": 48, "multiply": 96, "chain": 32, "brackets": 64, "lookup": 48, "recall": 48}
 
 
 class Encoder:
@@ -373,6 +373,9 @@ def main(argv=None) -> int:
     group.add_argument("--qk-gain-init", type=float, default=1.0,
                        help="a new run's QK-norm gains (--resume and --init-from load theirs): with QK-norm a logit "
                             "is at most sqrt(head_dim) x g_q x g_k, so the gains are the attention's temperature")
+    group.add_argument("--mimetic-qk", type=float, default=None, metavar="NOISE",
+                       help="a new run's query projections start as their key projections plus NOISE x a fresh "
+                            "draw (mimetic initialisation: attention matches like tokens from the start)")
     group.add_argument("--balance-tasks", action="store_true",
                        help="rescale each step's gradients so every task's typical gradient norm is the same "
                             "(training/task_balance.py): tasks with short answers otherwise learn slowly under "

@@ -134,6 +134,10 @@ def train_llada2(args, ap) -> int:
     if not 0 < args.qk_gain_init < float("inf"):
         ap.error("--qk-gain-init must be a positive number")
     model.set_qk_gains(args.qk_gain_init)
+    if args.mimetic_qk is not None:
+        if not 0 <= args.mimetic_qk < float("inf"):
+            ap.error("--mimetic-qk must be a noise scale >= 0")
+        model.mimetic_qk(args.mimetic_qk)
     optim = adamw(model, args.lr)
     task_balance = TaskGradientBalance() if args.balance_tasks else None
     data_rng = random.Random(args.seed)

@@ -9,7 +9,7 @@ a task's mechanism forms cannot be planned in advance.
 
 from __future__ import annotations
 
-from vllm_dllm.tasks import ALL_TASKS, Addition, Brackets, Chain, Copy, Lookup, Multiply, Retrieval, Sort, Task
+from vllm_dllm.tasks import ALL_TASKS, Addition, Brackets, Chain, Copy, Lookup, Multiply, Recall, Retrieval, Sort, Task
 
 
 def task_at(name: str, level: float) -> Task:
@@ -30,6 +30,9 @@ def task_at(name: str, level: float) -> Task:
         return Brackets(grow(2, full.min_len), grow(6, full.max_len), grow(3, full.max_depth))
     if isinstance(full, Lookup):
         return Lookup(grow(2, full.min_pairs), grow(2, full.max_pairs))
+    if isinstance(full, Recall):
+        # Four pairs, two asked: the smallest size where elimination settles nothing.
+        return Recall(grow(4, full.min_pairs), grow(4, full.max_pairs), full.max_queries)
     if isinstance(full, Retrieval):
         # Two pairs first: with one distractor the matching key is learned in a few
         # hundred steps; with 2-8 pairs it had not formed after 1400 (training log, run 5).
@@ -48,6 +51,8 @@ def fitting_task(full: Task, canvas: int) -> Task | None:
     fill the canvas exactly, with no room for <|eot_id|>."""
     if isinstance(full, Lookup):
         return full if canvas >= 1 else None
+    if isinstance(full, Recall):
+        return full if canvas >= full.max_queries else None
     if isinstance(full, Retrieval):
         return full if canvas >= 2 else None
     if isinstance(full, Addition):

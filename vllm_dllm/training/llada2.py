@@ -217,6 +217,24 @@ class TrainableLLaDA2(nn.Module):
             layer.attention.query_layernorm.weight.fill_(gain)
             layer.attention.key_layernorm.weight.fill_(gain)
 
+    @torch.no_grad()
+    def mimetic_qk(self, noise: float) -> None:
+        """Mimetic initialisation of the query/key projections (Trockman & Kolter
+        2023; for recall, Trockman et al. 2024): every query head starts as its KV
+        head's key projection plus `noise` times a fresh draw (relative to the
+        weights' scale), so W_q W_k^T starts near a multiple of the identity and a
+        token attends to tokens like itself from the first step: the matching half of
+        a lookup is there, and training has to find only what to read beside it."""
+        for layer in self.model.layers:
+            att = layer.attention
+            hd, heads, kv = att.head_dim, att.heads, att.kv_heads
+            weight = att.query_key_value.weight
+            q = weight[: heads * hd].view(heads, hd, -1)
+            k = weight[heads * hd: (heads + kv) * hd].view(kv, hd, -1)
+            for h in range(heads):
+                own = k[h // (heads // kv)]
+                q[h] = own + noise * torch.randn_like(own) * own.std()
+
     def moe_layers(self) -> list[MoE]:
         return [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, MoE)]
 
