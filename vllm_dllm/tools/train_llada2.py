@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from vllm_dllm.tasks import TEST, Task, resolve_tasks, score
+from vllm_dllm.tasks import TASKS, TEST, Task, resolve_tasks, score
 from vllm_dllm.tools.train import (
     BATCH_SIZES,
     Encoder,
@@ -98,7 +98,7 @@ def balance_state(balance: TaskGradientBalance | None) -> dict:
 
 def train_llada2(args, ap) -> int:
     """The training loop of `--arch llada2` (block diffusion, token editing)."""
-    from vllm_dllm.training import llada2
+    from vllm_dllm.training import convert_llada, llada2
 
     args.out.mkdir(parents=True, exist_ok=True)
     tok_dir = args.out / "tokenizer"
@@ -147,7 +147,14 @@ def train_llada2(args, ap) -> int:
     state_path = args.out / "state.pt"
     if args.init_from is not None:
         try:
-            init_from(args.init_from, model, curriculum)
+            if convert_llada.is_llada_checkpoint(args.init_from):
+                convert_llada.convert_into(model, args.init_from, tok_dir, ids,
+                                           convert_llada.calibration_prompts(args.init_from))
+                # The LLaDA task model was trained on the original four at their full sizes.
+                if curriculum.threshold:
+                    curriculum.levels.update({n: 1.0 for n in TASKS if n in curriculum.levels})
+            else:
+                init_from(args.init_from, model, curriculum)
         except (OSError, KeyError, ValueError, RuntimeError) as exc:
             ap.error(f"--init-from {args.init_from}: not a saved training state of this shape ({exc!r})")
         print(f"initialised from {args.init_from}", flush=True)
