@@ -176,6 +176,17 @@ def test_hard_task_answers_are_short_under_the_task_tokenizer(tmp_path):
     assert len(tok.encode(chain.answer, add_special_tokens=False)) == 4  # key, "=", two capitals
 
 
+def _seeded_disjoint_splits(task, rng: random.Random):
+    """300 train and 100 test instances, after checking that a seed repeats its draws
+    and that the splits share no prompt."""
+    assert [task.sample(random.Random(5), TRAIN) for _ in range(3)] == [
+        task.sample(random.Random(5), TRAIN) for _ in range(3)]
+    train = [task.sample(rng, TRAIN) for _ in range(300)]
+    test = [task.sample(rng, TEST) for _ in range(100)]
+    assert not {i.prompt for i in train} & {i.prompt for i in test}
+    return train, test
+
+
 def test_lookup_is_retrievals_mechanism_with_one_capital(tmp_path):
     """The auxiliary lookup task: seeded, split, checked; one-capital values after
     one-token keys, two pairs at the curriculum's start; in no evaluation group."""
@@ -185,12 +196,8 @@ def test_lookup_is_retrievals_mechanism_with_one_capital(tmp_path):
     from vllm_dllm.training.curriculum import fitting_task, task_at
 
     task = AUX_TASKS["lookup"]
-    assert [task.sample(random.Random(5), TRAIN) for _ in range(3)] == [
-        task.sample(random.Random(5), TRAIN) for _ in range(3)]
     rng = random.Random(9)
-    train = [task.sample(rng, TRAIN) for _ in range(300)]
-    test = [task.sample(rng, TEST) for _ in range(100)]
-    assert not {i.prompt for i in train} & {i.prompt for i in test}
+    train, test = _seeded_disjoint_splits(task, rng)
     for inst in train + test:
         assert check_answer(inst) and len(inst.answer) == 1 and inst.answer.isupper()
         body = inst.prompt.split("\n")[1]
@@ -221,12 +228,8 @@ def test_recall_asks_several_keys_per_instance(tmp_path):
     from vllm_dllm.training.curriculum import fitting_task, task_at
 
     task = AUX_TASKS["recall"]
-    assert [task.sample(random.Random(5), TRAIN) for _ in range(3)] == [
-        task.sample(random.Random(5), TRAIN) for _ in range(3)]
     rng = random.Random(9)
-    train = [task.sample(rng, TRAIN) for _ in range(300)]
-    test = [task.sample(rng, TEST) for _ in range(100)]
-    assert not {i.prompt for i in train} & {i.prompt for i in test}
+    train, test = _seeded_disjoint_splits(task, rng)
     for inst in train + test:
         assert check_answer(inst) and inst.answer.isupper()
         pairs = inst.prompt.split("\n")[1].count(";")
