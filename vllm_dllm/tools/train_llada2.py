@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from vllm_dllm.tasks import TASKS, TEST, Task, resolve_tasks, score
+from vllm_dllm.tasks import TEST, Task, resolve_tasks, score
 from vllm_dllm.tools.train import (
     BATCH_SIZES,
     Encoder,
@@ -150,9 +150,6 @@ def train_llada2(args, ap) -> int:
             if convert_llada.is_llada_checkpoint(args.init_from):
                 convert_llada.convert_into(model, args.init_from, tok_dir, ids,
                                            convert_llada.calibration_prompts(args.init_from))
-                # The LLaDA task model was trained on the original four at their full sizes.
-                if curriculum.threshold:
-                    curriculum.levels.update({n: 1.0 for n in TASKS if n in curriculum.levels})
             else:
                 init_from(args.init_from, model, curriculum)
         except (OSError, KeyError, ValueError, RuntimeError) as exc:
