@@ -39,6 +39,7 @@ out=${OUT:-/tmp/gpu-session}/$stage
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}  # the GPU machine's python3 holds torch
+runs=${RUNS_DIR:-runs}  # where training stages keep their states
 cd "$(dirname "$0")/.."
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   "$py" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } \
@@ -72,14 +73,14 @@ train)
     # command is the CPU runs' (docs/training-log.md) with --steps 40000, without run 2's
     # later task weights (TRAIN_ARGS adds options; a later one wins).  A failed run leaves
     # the stage failing even where an earlier call's checkpoint is still there to copy.
-    "$py" -m vllm_dllm.tools.train --arch llada2 --out runs/gpu-run --tasks every --hidden 192 --layers 4 \
+    "$py" -m vllm_dllm.tools.train --arch llada2 --out "$runs/gpu-run" --tasks every --hidden 192 --layers 4 \
         --heads 4 --kv-heads 2 --intermediate 576 --experts 16 --experts-per-token 4 --expert-groups 4 \
         --topk-groups 2 --moe-intermediate 128 --rope-theta 10000 --steps 40000 --lr 2e-3 --warmup 200 \
         --batch-scale 0.67 --embedding-std 1.0 --curriculum-threshold 0.9 --eval-every 1000 --eval-n 24 \
         --save-every 200 --device cuda --threads 8 --resume --minutes "${TRAIN_MINUTES:-8}" \
         ${TRAIN_ARGS:-} 2>&1 | tee "$out/train.log" | grep -iE '"accuracy"|resumed|wrote|error'
     trained=${PIPESTATUS[0]}
-    cp -r runs/gpu-run/model runs/gpu-run/train_log.jsonl "$out/"
+    cp -r "$runs/gpu-run/model" "$runs/gpu-run/train_log.jsonl" "$out/"
     [ "$trained" -eq 0 ]
     ;;
 train-matrix)
@@ -90,7 +91,7 @@ train-matrix)
            --experts-per-token 4 --expert-groups 4 --topk-groups 2 --moe-intermediate 128 --rope-theta 10000
            --steps 40000 --lr 2e-3 --warmup 200 --embedding-std 1.0 --curriculum-threshold 0.9 --eval-n 24
            --save-every 1000 --device "${TRAIN_DEVICE:-cuda}" --threads 4 --minutes "${TRAIN_MINUTES:-7.5}")
-    declare -A runs=(
+    declare -A config=(
         [main]="--tasks every,lookup --batch-scale 1.5 --batch-sizes retrieval=64,lookup=128
                 --task-weights retrieval=3,lookup=3,chain=2,addition=2,sort=2,multiply=2 --balance-tasks
                 --eval-every 2000 --checkpoint-dtype float32"
@@ -98,20 +99,21 @@ train-matrix)
         [focus]="--tasks retrieval,lookup,copy,reverse --batch-sizes retrieval=64,lookup=128
                  --task-weights retrieval=2,lookup=2 --balance-tasks --eval-every 1000"
     )
-    for name in "${!runs[@]}"; do
+    for name in "${!config[@]}"; do
         # shellcheck disable=SC2086
-        "$py" -m vllm_dllm.tools.train "${shape[@]}" --out "runs/gpu-$name" ${runs[$name]} \
+        rm -rf "$runs/gpu-$name"  # from scratch: no earlier log to append to
+        "$py" -m vllm_dllm.tools.train "${shape[@]}" --out "$runs/gpu-$name" ${config[$name]} \
             >"$out/$name.log" 2>&1 &
     done
     sleep "${TRAIN_PEEK_S:-90}"
-    for name in "${!runs[@]}"; do echo "== $name after ${TRAIN_PEEK_S:-90} s"; tail -n 2 "$out/$name.log"; done
+    for name in "${!config[@]}"; do echo "== $name after ${TRAIN_PEEK_S:-90} s"; tail -n 2 "$out/$name.log"; done
     failed=0
     for job in $(jobs -p); do wait "$job" || failed=1; done
-    for name in "${!runs[@]}"; do
+    for name in "${!config[@]}"; do
         echo "== $name"; grep -E '"accuracy"|wrote|Error|error' "$out/$name.log" | tail -n 4
-        cp "runs/gpu-$name/train_log.jsonl" "$out/$name.jsonl" 2>/dev/null
+        cp "$runs/gpu-$name/train_log.jsonl" "$out/$name.jsonl" 2>/dev/null
     done
-    cp -r runs/gpu-main/model "$out/main-model" 2>/dev/null
+    cp -r "$runs/gpu-main/model" "$out/main-model" 2>/dev/null
     [ "$failed" -eq 0 ]
     ;;
 lookup-probes)
@@ -122,19 +124,20 @@ lookup-probes)
            --rope-theta 10000 --steps 20000 --warmup 100 --batch-sizes recall=128 --curriculum-threshold 0.9
            --eval-every 100000 --save-every 100000 --device "${TRAIN_DEVICE:-cuda}" --threads 2
            --minutes "${TRAIN_MINUTES:-3}")
-    declare -A runs=(
+    declare -A config=(
         [base]="--lr 2e-3" [mimetic]="--lr 2e-3 --mimetic-qk 0.1" [lr5e-3]="--lr 5e-3"
         [noedit]="--lr 2e-3 --edit-ratio 0" [emb1]="--lr 2e-3 --embedding-std 1.0"
         [dense]="--lr 2e-3 --dense-layers 3"
     )
-    for name in "${!runs[@]}"; do
+    for name in "${!config[@]}"; do
         # shellcheck disable=SC2086
-        "$py" -m vllm_dllm.tools.train "${small[@]}" --out "runs/probe-$name" ${runs[$name]} >"$out/$name.log" 2>&1 &
+        rm -rf "$runs/probe-$name"
+        "$py" -m vllm_dllm.tools.train "${small[@]}" --out "$runs/probe-$name" ${config[$name]} >"$out/$name.log" 2>&1 &
     done
     failed=0
     for job in $(jobs -p); do wait "$job" || failed=1; done
-    for name in "${!runs[@]}"; do
-        tail -n 1 "$out/$name.log"; cp "runs/probe-$name/train_log.jsonl" "$out/$name.jsonl" 2>/dev/null
+    for name in "${!config[@]}"; do
+        tail -n 1 "$out/$name.log"; cp "$runs/probe-$name/train_log.jsonl" "$out/$name.jsonl" 2>/dev/null
     done
     [ "$failed" -eq 0 ]
     ;;
