@@ -18,7 +18,8 @@
 #                                          #  machine; brings back the checkpoint (bf16) and the log
 #   bash benchmarks/gpu_session.sh train-matrix  # issue 27 on one call: the main LLaDA2 run
 #                                          #  (every task, lookup, retrieval-weighted, balanced
-#                                          #  gradients) and two lookup probes side by side on the
+#                                          #  gradients), lookup alone, and the reading tasks
+#                                          #  (retrieval, lookup, copy, reverse) side by side on the
 #                                          #  one GPU for TRAIN_MINUTES (default 7.5), from scratch;
 #                                          #  brings back the main run's float32 checkpoint and
 #                                          #  every run's log
@@ -100,8 +101,8 @@ train-matrix)
                  --task-weights retrieval=2,lookup=2 --balance-tasks --eval-every 1000"
     )
     for name in "${!config[@]}"; do
-        # shellcheck disable=SC2086
         rm -rf "$runs/gpu-$name"  # from scratch: no earlier log to append to
+        # shellcheck disable=SC2086
         "$py" -m vllm_dllm.tools.train "${shape[@]}" --out "$runs/gpu-$name" ${config[$name]} \
             >"$out/$name.log" 2>&1 &
     done
@@ -130,8 +131,8 @@ lookup-probes)
         [dense]="--lr 2e-3 --dense-layers 3"
     )
     for name in "${!config[@]}"; do
-        # shellcheck disable=SC2086
         rm -rf "$runs/probe-$name"
+        # shellcheck disable=SC2086
         "$py" -m vllm_dllm.tools.train "${small[@]}" --out "$runs/probe-$name" ${config[$name]} >"$out/$name.log" 2>&1 &
     done
     failed=0
@@ -147,7 +148,7 @@ if [ -n "${OUT:-}" ]; then
     # Files come back only up to 16 MiB each: a larger archive comes back in parts
     # (cat $stage.tgz.part-* > $stage.tgz).
     tar czf "$OUT/$stage.tgz" -C "$OUT" "$stage" && rm -rf "$out"
-    if [ "$(stat -c %s "$OUT/$stage.tgz")" -gt $((15 * 1024 * 1024)) ]; then
+    if [ -f "$OUT/$stage.tgz" ] && [ "$(stat -c %s "$OUT/$stage.tgz")" -gt $((15 * 1024 * 1024)) ]; then
         split -b 15M "$OUT/$stage.tgz" "$OUT/$stage.tgz.part-" && rm "$OUT/$stage.tgz"
     fi
 fi

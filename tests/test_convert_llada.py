@@ -87,8 +87,8 @@ def test_conversion_carries_embeddings_norms_and_mlps(tmp_path):
         hd = HIDDEN // HEADS
         perm = convert_llada.rotary_permutation(hd)
         qkv = layer.attention.query_key_value.weight
-        assert torch.equal(qkv[:hd], block.q_proj.weight[:hd][perm])
-        assert torch.equal(qkv[HEADS * hd:(HEADS + 1) * hd], block.k_proj.weight[:hd][perm])
+        for rows, proj in ((qkv[:HEADS * hd], block.q_proj), (qkv[HEADS * hd:2 * HEADS * hd], block.k_proj)):
+            assert torch.equal(rows.view(HEADS, hd, -1), proj.weight.view(HEADS, hd, -1)[:, perm])
         assert torch.equal(qkv[2 * HEADS * hd:], block.v_proj.weight)
         assert torch.equal(layer.attention.dense.weight, block.attn_out.weight)
 
@@ -116,10 +116,31 @@ def test_qk_norm_gains_keep_the_attention_logits_near_the_originals(tmp_path):
 def test_shapes_that_cannot_take_the_weights_are_refused(tmp_path):
     _llada_checkpoint(tmp_path / "llada")
     wrong_heads, ids = _llada2(tmp_path, heads=4)
-    with pytest.raises(ValueError, match="--heads is 4, the checkpoint has 2"):
+    with pytest.raises(ValueError, match="--heads is 4, the checkpoint has 2; --kv-heads is 4"):
         convert_llada.convert_into(wrong_heads, tmp_path / "llada", tmp_path / "tok2", ids, [])
     narrow, ids = _llada2(tmp_path, moe={**MOE, "shared_experts": 1})
-    with pytest.raises(ValueError, match="--shared-experts is 48, the checkpoint has 96"):
+    with pytest.raises(ValueError, match="--moe-intermediate x --shared-experts is 48, the checkpoint's MLP has 96"):
         convert_llada.convert_into(narrow, tmp_path / "llada", tmp_path / "tok2", ids, [])
+    unshared, ids = _llada2(tmp_path, moe={**MOE, "shared_experts": 0})
+    with pytest.raises(ValueError, match="no shared experts"):
+        convert_llada.convert_into(unshared, tmp_path / "llada", tmp_path / "tok2", ids, [])
     assert convert_llada.is_llada_checkpoint(tmp_path / "llada")
     assert not convert_llada.is_llada_checkpoint(tmp_path / "tok2")
+
+
+def test_train_refuses_a_shape_or_option_the_conversion_cannot_honour(tmp_path, capsys):
+    from vllm_dllm.tools import train
+
+    _llada_checkpoint(tmp_path / "llada")
+    common = ["--arch", "llada2", "--out", str(tmp_path / "run"), "--init-from", str(tmp_path / "llada"),
+              "--hidden", str(HIDDEN), "--layers", str(LAYERS), "--heads", str(HEADS), "--intermediate", str(MLP),
+              "--experts", "4", "--experts-per-token", "2", "--expert-groups", "2", "--topk-groups", "1",
+              "--moe-intermediate", "48", "--shared-experts", "2", "--rope-theta", "10000", "--tasks", "copy",
+              "--steps", "1", "--threads", "1"]
+    with pytest.raises(SystemExit):
+        train.main([*common, "--mimetic-qk", "0.1"])
+    assert "--mimetic-qk" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train.main([*common[:-2], "--heads", "4", "--threads", "1"])
+    err = capsys.readouterr().err
+    assert "does not fit this shape: --heads is 4, the checkpoint has 2" in err and "saved training state" not in err

@@ -31,5 +31,9 @@ def test_lookup_probes_bring_back_every_runs_log(tmp_path):
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     with tarfile.open(tmp_path / "out" / "lookup-probes.tgz") as archive:
         names = {Path(n).name for n in archive.getnames()}
-    assert {f"{run}.jsonl" for run in ("base", "mimetic", "lr5e-3", "noedit", "emb1", "dense")} <= names
-    assert "device.txt" in names
+    runs = ("base", "mimetic", "lr5e-3", "noedit", "emb1", "dense")
+    assert {f"{run}.jsonl" for run in runs} <= names and "device.txt" in names
+    with tarfile.open(tmp_path / "out" / "lookup-probes.tgz") as archive:
+        for run in runs:
+            log = archive.extractfile(f"lookup-probes/{run}.jsonl").read().decode()
+            assert '"step": 1,' in log and '"task": "recall"' in log, run  # each run trained

@@ -336,7 +336,7 @@ def main(argv=None) -> int:
                     help="start from the weights (and adaptive curriculum levels) of another run's "
                          "state.pt of the same shape; optimizer, schedule and data are new.  With --arch "
                          "llada2, a LLaDA-format checkpoint folder (e.g. vllm_dllm/default_model) is converted "
-                         "into the LLaDA2 shape (training/convert_llada.py)")
+                         "into the LLaDA2 shape (training/convert_llada.py), every task from curriculum level 0")
     ap.add_argument("--max-canvas", type=int, default=0,
                     help="draw each row's canvas length from the answer's length up to this (0: every "
                          "task at its own gen_length)")

@@ -146,14 +146,19 @@ def train_llada2(args, ap) -> int:
     step = 0
     state_path = args.out / "state.pt"
     if args.init_from is not None:
-        try:
-            if convert_llada.is_llada_checkpoint(args.init_from):
+        if convert_llada.is_llada_checkpoint(args.init_from):
+            if args.mimetic_qk is not None:
+                ap.error("--mimetic-qk initialises a new model; a converted --init-from brings its own attention")
+            try:
                 convert_llada.convert_into(model, args.init_from, tok_dir, ids,
                                            convert_llada.calibration_prompts(args.init_from))
-            else:
+            except ValueError as exc:
+                ap.error(f"--init-from {args.init_from}: {exc}")
+        else:
+            try:
                 init_from(args.init_from, model, curriculum)
-        except (OSError, KeyError, ValueError, RuntimeError) as exc:
-            ap.error(f"--init-from {args.init_from}: not a saved training state of this shape ({exc!r})")
+            except (OSError, KeyError, ValueError, RuntimeError) as exc:
+                ap.error(f"--init-from {args.init_from}: not a saved training state of this shape ({exc!r})")
         print(f"initialised from {args.init_from}", flush=True)
     if args.resume and state_path.exists():
         state = torch.load(state_path, weights_only=False, map_location=args.device)

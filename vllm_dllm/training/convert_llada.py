@@ -96,24 +96,27 @@ def load_llada(llada_dir: pathlib.Path):
 
 
 def check_convertible(cfg: dict, model) -> None:
-    """Refuse a LLaDA2 shape that cannot take the LLaDA weights, naming the mismatch."""
+    """Refuse a LLaDA2 shape that cannot take the LLaDA weights, naming every mismatch."""
     layers = model.model.layers
     att = layers[0].attention
-    wanted = {"--hidden": (att.dense.out_features, cfg["d_model"]), "--layers": (len(layers), cfg["n_layers"]),
-              "--heads": (att.heads, cfg["n_heads"]), "--kv-heads": (att.kv_heads, cfg["n_kv_heads"]),
-              "--rope-theta": (att.theta, cfg["rope_theta"])}
-    for layer in layers:
-        mlp = layer.mlp if not hasattr(layer.mlp, "shared_experts") else layer.mlp.shared_experts
-        if mlp is None:
-            raise ValueError("--init-from a LLaDA checkpoint needs shared experts (--shared-experts) to take its MLP")
-        wanted["--intermediate / --moe-intermediate x --shared-experts"] = (mlp.up_proj.out_features,
-                                                                           cfg["mlp_hidden_size"])
-        bad = {k: v for k, v in wanted.items() if v[0] != v[1]}
-        if bad:
-            raise ValueError("the LLaDA checkpoint does not fit this shape: "
-                             + ", ".join(f"{k} is {a}, the checkpoint has {b}" for k, (a, b) in bad.items()))
-    if att.head_dim % 4:
-        raise ValueError("the head dimension must be a multiple of 4 to move RoPE pairs")
+    found = {"--hidden": (att.dense.out_features, cfg["d_model"]), "--layers": (len(layers), cfg["n_layers"]),
+             "--heads": (att.heads, cfg["n_heads"]), "--kv-heads": (att.kv_heads, cfg["n_kv_heads"]),
+             "--rope-theta": (att.theta, cfg["rope_theta"])}
+    problems = [f"{k} is {a}, the checkpoint has {b}" for k, (a, b) in found.items() if a != b]
+    dense, moe = [layer.mlp for layer in layers if not hasattr(layer.mlp, "shared_experts")], \
+        [layer.mlp for layer in layers if hasattr(layer.mlp, "shared_experts")]
+    if dense and dense[0].up_proj.out_features != cfg["mlp_hidden_size"]:
+        problems.append(f"--intermediate is {dense[0].up_proj.out_features}, the checkpoint's MLP has "
+                        f"{cfg['mlp_hidden_size']}")
+    if moe and moe[0].shared_experts is None:
+        problems.append("the MoE layers have no shared experts to take the checkpoint's MLP (--shared-experts)")
+    elif moe and moe[0].shared_experts.up_proj.out_features != cfg["mlp_hidden_size"]:
+        problems.append(f"--moe-intermediate x --shared-experts is {moe[0].shared_experts.up_proj.out_features}, "
+                        f"the checkpoint's MLP has {cfg['mlp_hidden_size']}")
+    if att.head_dim % 4 or att.rotary_dim != att.head_dim // 2:
+        problems.append("moving RoPE pairs needs a head dimension divisible by 4, rotary on its first half")
+    if problems:
+        raise ValueError("the LLaDA checkpoint does not fit this shape: " + "; ".join(problems))
 
 
 @torch.no_grad()
@@ -121,24 +124,25 @@ def convert_into(model, llada_dir: pathlib.Path, llada2_tokenizer: pathlib.Path,
                  prompts: list[list[int]]) -> None:
     """Load the LLaDA checkpoint at `llada_dir` into the LLaDA2 training `model` (see
     the module docstring); `prompts` (LLaDA-format token ids) calibrate the QK-norm gains."""
-    llada, cfg = load_llada(llada_dir)
+    llada, cfg = load_llada(llada_dir)  # on the CPU; copy_ moves values to the model's device
     check_convertible(cfg, model)
     old = llada.model.transformer
     rows = _token_map(llada_dir, llada2_tokenizer, llada2_ids)
-    new_ids, old_ids = torch.tensor(list(rows)), torch.tensor(list(rows.values()))
-    model.model.word_embeddings.weight[new_ids] = old.wte.weight[old_ids]
-    model.lm_head.weight[new_ids] = old.ff_out.weight[old_ids]
+    device = model.lm_head.weight.device
+    new_ids, old_ids = torch.tensor(list(rows), device=device), torch.tensor(list(rows.values()))
+    model.model.word_embeddings.weight[new_ids] = old.wte.weight[old_ids].to(device)
+    model.lm_head.weight[new_ids] = old.ff_out.weight[old_ids].to(device)
     model.model.norm.weight.copy_(old.ln_f.weight)
     perm = rotary_permutation(model.model.layers[0].attention.head_dim)
     for layer, block, (q_rms, k_rms) in zip(model.model.layers, old.blocks, qk_rms(llada, prompts)):
         att = layer.attention
-        hd, heads = att.head_dim, att.heads
+        hd = att.head_dim
 
-        def per_head(weight):
+        def per_head(weight, heads):
             return weight.view(heads, hd, -1)[:, perm].reshape(heads * hd, -1)
 
-        att.query_key_value.weight.copy_(torch.cat([per_head(block.q_proj.weight), per_head(block.k_proj.weight),
-                                                    block.v_proj.weight]))
+        att.query_key_value.weight.copy_(torch.cat([per_head(block.q_proj.weight, att.heads),
+                                                    per_head(block.k_proj.weight, att.kv_heads), block.v_proj.weight]))
         # One gain per head dimension is shared by all heads: the heads' mean RMS.
         att.query_layernorm.weight.fill_(q_rms.mean().item())
         att.key_layernorm.weight.fill_(k_rms.mean().item())

@@ -31,7 +31,8 @@ def task_at(name: str, level: float) -> Task:
     if isinstance(full, Lookup):
         return Lookup(grow(2, full.min_pairs), grow(2, full.max_pairs))
     if isinstance(full, Recall):
-        # Four pairs, two asked: the smallest size where elimination settles nothing.
+        # Four pairs, two asked: the smallest with two queries where an answer seen
+        # unmasked never settles the other by elimination.
         return Recall(grow(4, full.min_pairs), grow(4, full.max_pairs), full.max_queries)
     if isinstance(full, Retrieval):
         # Two pairs first: with one distractor the matching key is learned in a few

@@ -222,9 +222,9 @@ class TrainableLLaDA2(nn.Module):
         """Mimetic initialisation of the query/key projections (Trockman & Kolter
         2023; for recall, Trockman et al. 2024): every query head starts as its KV
         head's key projection plus `noise` times a fresh draw (relative to the
-        weights' scale), so W_q W_k^T starts near a multiple of the identity and a
-        token attends to tokens like itself from the first step: the matching half of
-        a lookup is there, and training has to find only what to read beside it."""
+        weights' scale), so a query-key score starts as W_k x . W_k y (for noise 0),
+        a positive semi-definite form that scores a token highest against tokens like
+        itself: the matching half of a lookup is there from the first step."""
         for layer in self.model.layers:
             att = layer.attention
             hd, heads, kv = att.head_dim, att.heads, att.kv_heads
