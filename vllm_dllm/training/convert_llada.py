@@ -95,6 +95,14 @@ def load_llada(llada_dir: pathlib.Path):
     return model.eval(), cfg
 
 
+def _mlp_taking_llada(layer):
+    """(the MLP that takes LLaDA's, the option that sizes it): a dense layer's own MLP,
+    a MoE layer's shared experts (None when it has none)."""
+    if hasattr(layer.mlp, "shared_experts"):
+        return layer.mlp.shared_experts, "--moe-intermediate x --shared-experts"
+    return layer.mlp, "--intermediate"
+
+
 def check_convertible(cfg: dict, model) -> None:
     """Refuse a LLaDA2 shape that cannot take the LLaDA weights, naming every mismatch."""
     layers = model.model.layers
@@ -103,20 +111,17 @@ def check_convertible(cfg: dict, model) -> None:
              "--heads": (att.heads, cfg["n_heads"]), "--kv-heads": (att.kv_heads, cfg["n_kv_heads"]),
              "--rope-theta": (att.theta, cfg["rope_theta"])}
     problems = [f"{k} is {a}, the checkpoint has {b}" for k, (a, b) in found.items() if a != b]
-    dense, moe = [layer.mlp for layer in layers if not hasattr(layer.mlp, "shared_experts")], \
-        [layer.mlp for layer in layers if hasattr(layer.mlp, "shared_experts")]
-    if dense and dense[0].up_proj.out_features != cfg["mlp_hidden_size"]:
-        problems.append(f"--intermediate is {dense[0].up_proj.out_features}, the checkpoint's MLP has "
-                        f"{cfg['mlp_hidden_size']}")
-    if moe and moe[0].shared_experts is None:
-        problems.append("the MoE layers have no shared experts to take the checkpoint's MLP (--shared-experts)")
-    elif moe and moe[0].shared_experts.up_proj.out_features != cfg["mlp_hidden_size"]:
-        problems.append(f"--moe-intermediate x --shared-experts is {moe[0].shared_experts.up_proj.out_features}, "
-                        f"the checkpoint's MLP has {cfg['mlp_hidden_size']}")
+    for layer in (layers[0], layers[-1]):  # dense first layers, MoE at least the last (check_moe)
+        mlp, option = _mlp_taking_llada(layer)
+        if mlp is None:
+            problems.append("the MoE layers have no shared experts to take the checkpoint's MLP (--shared-experts)")
+        elif mlp.up_proj.out_features != cfg["mlp_hidden_size"]:
+            problems.append(f"{option} is {mlp.up_proj.out_features}, the checkpoint's MLP has "
+                            f"{cfg['mlp_hidden_size']}")
     if att.head_dim % 4 or att.rotary_dim != att.head_dim // 2:
         problems.append("moving RoPE pairs needs a head dimension divisible by 4, rotary on its first half")
     if problems:
-        raise ValueError("the LLaDA checkpoint does not fit this shape: " + "; ".join(problems))
+        raise ValueError("the LLaDA checkpoint does not fit this shape: " + "; ".join(dict.fromkeys(problems)))
 
 
 @torch.no_grad()
@@ -149,7 +154,7 @@ def convert_into(model, llada_dir: pathlib.Path, llada2_tokenizer: pathlib.Path,
         att.dense.weight.copy_(block.attn_out.weight)
         layer.input_layernorm.weight.copy_(block.attn_norm.weight)
         layer.post_attention_layernorm.weight.copy_(block.ff_norm.weight)
-        dense = layer.mlp if not hasattr(layer.mlp, "shared_experts") else layer.mlp.shared_experts
+        dense, _ = _mlp_taking_llada(layer)
         dense.gate_proj.weight.copy_(block.ff_proj.weight)
         dense.up_proj.weight.copy_(block.up_proj.weight)
         dense.down_proj.weight.copy_(block.ff_out.weight)
