@@ -11,11 +11,11 @@
 #   bash benchmarks/gpu_session.sh bench   # the LLaDA-8B-shaped step_bench (bf16), ~2 min
 #   bash benchmarks/gpu_session.sh profile # where the step's time goes (profile_step.py) and
 #                                          #  the Triton KV-tile sweep (triton_tile_sweep.py), ~3 min
-#   bash benchmarks/gpu_session.sh train   # issue 27's LLaDA2-format task model on CUDA: the
-#                                          #  CPU run's command (docs/training-log.md, run 2) for
-#                                          #  TRAIN_MINUTES (default 8) from scratch, or resumed from
-#                                          #  runs/gpu-run that an earlier call left on the same warm
-#                                          #  machine; brings back the checkpoint (bf16) and the log
+#   bash benchmarks/gpu_session.sh train   # issue 27's converted LLaDA2 run on CUDA for
+#                                          #  TRAIN_MINUTES (default 8): resumed on the same warm
+#                                          #  machine, else from TRAIN_FROM (carried weights.pt of
+#                                          #  `train --export-weights`), else converted anew; brings
+#                                          #  back the checkpoint (bf16), the log and weights.pt
 #   bash benchmarks/gpu_session.sh train-matrix  # issue 27 on one call: the main LLaDA2 run
 #                                          #  (every task, lookup, retrieval-weighted, balanced
 #                                          #  gradients), lookup alone, and the reading tasks
@@ -69,20 +69,30 @@ profile)
     "$py" benchmarks/triton_tile_sweep.py --out "$out/tile-sweep" 2>&1 | tee "$out/tile-sweep.log"
     ;;
 train)
-    # The state (weights and optimizer, ~65 MB) stays on the machine for the next call's
-    # --resume: only files under 16 MiB come back, so the bf16 checkpoint does.  The
-    # command is the CPU runs' (docs/training-log.md) with --steps 40000, without run 2's
-    # later task weights (TRAIN_ARGS adds options; a later one wins).  A failed run leaves
-    # the stage failing even where an earlier call's checkpoint is still there to copy.
-    "$py" -m vllm_dllm.tools.train --arch llada2 --out "$runs/gpu-run" --tasks every --hidden 192 --layers 4 \
-        --heads 4 --kv-heads 2 --intermediate 576 --experts 16 --experts-per-token 4 --expert-groups 4 \
-        --topk-groups 2 --moe-intermediate 128 --rope-theta 10000 --steps 40000 --lr 2e-3 --warmup 200 \
-        --batch-scale 0.67 --embedding-std 1.0 --curriculum-threshold 0.9 --eval-every 1000 --eval-n 24 \
-        --save-every 200 --device cuda --threads 8 --resume --minutes "${TRAIN_MINUTES:-8}" \
-        ${TRAIN_ARGS:-} 2>&1 | tee "$out/train.log" | grep -iE '"accuracy"|resumed|wrote|error'
+    # The converted LLaDA2 run (docs/training-log.md, session 16: the only start that
+    # formed retrieval's lookup), continued on CUDA: resumed from $runs/gpu-conv that an
+    # earlier call left on the same warm machine; else started from TRAIN_FROM, a file
+    # of `train --export-weights` carried to the machine (a CPU run's weights and task
+    # levels; the full state is over the 64 MiB a call carries); else converted anew
+    # from the shipped LLaDA model.  It brings back the bf16 checkpoint, the log and
+    # weights.pt, which the next session's --init-from (CPU or GPU) continues from.
+    if [ -f "$runs/gpu-conv/state.pt" ]; then start=(--resume)
+    elif [ -n "${TRAIN_FROM:-}" ]; then start=(--init-from "$TRAIN_FROM")
+    else start=(--init-from vllm_dllm/default_model); fi
+    conv=(--arch llada2 --out "$runs/gpu-conv" --tasks every --hidden 192 --layers 4 --heads 3 --kv-heads 3
+          --intermediate 576 --experts 16 --experts-per-token 4 --expert-groups 4 --topk-groups 2
+          --moe-intermediate 144 --shared-experts 4 --rope-theta 10000 --steps 40000 --lr 1e-3 --warmup 100
+          --batch-scale 0.67 --batch-sizes retrieval=48 --task-weights retrieval=3 --curriculum-threshold 0.9
+          --balance-tasks --eval-every 1000 --eval-n 24 --save-every 200)
+    # shellcheck disable=SC2086
+    "$py" -m vllm_dllm.tools.train "${conv[@]}" "${start[@]}" --device "${TRAIN_DEVICE:-cuda}" --threads "${TRAIN_THREADS:-8}" \
+        --minutes "${TRAIN_MINUTES:-8}" ${TRAIN_ARGS:-} 2>&1 | tee "$out/train.log" \
+        | grep -iE '"accuracy"|"level"|resumed|initialised|wrote|error'
     trained=${PIPESTATUS[0]}
-    cp -r "$runs/gpu-run/model" "$runs/gpu-run/train_log.jsonl" "$out/"
-    [ "$trained" -eq 0 ]
+    "$py" -m vllm_dllm.tools.train "${conv[@]}" --export-weights "$out/weights.pt" && \
+        cp -r "$runs/gpu-conv/model" "$runs/gpu-conv/train_log.jsonl" "$out/"
+    copied=$?
+    [ "$trained" -eq 0 ] && [ "$copied" -eq 0 ]
     ;;
 train-matrix)
     # Small models leave the GPU idle between kernel launches, so three runs share it.

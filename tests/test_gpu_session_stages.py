@@ -37,3 +37,34 @@ def test_lookup_probes_bring_back_every_runs_log(tmp_path):
         for run in runs:
             log = archive.extractfile(f"lookup-probes/{run}.jsonl").read().decode()
             assert '"step": 1,' in log and '"task": "recall"' in log, run  # each run trained
+
+
+def _unpack(out: Path, stage: str, into: Path) -> Path:
+    """The stage's archive, whole or in the parts a large one comes back in."""
+    parts = sorted(out.glob(f"{stage}.tgz.part-*")) or [out / f"{stage}.tgz"]
+    into.mkdir(parents=True, exist_ok=True)
+    whole = into / f"{stage}.tgz"
+    whole.write_bytes(b"".join(p.read_bytes() for p in parts))
+    with tarfile.open(whole) as archive:
+        archive.extractall(into, filter="data")
+    return into / stage
+
+
+def test_train_continues_the_converted_run_and_brings_back_what_continues_it(tmp_path):
+    quick = dict(TRAIN_DEVICE="cpu", TRAIN_MINUTES="0.01", TRAIN_THREADS="2")
+    first = _run("train", tmp_path / "out1", RUNS_DIR=str(tmp_path / "runs"), **quick)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    got = _unpack(tmp_path / "out1", "train", tmp_path / "got1")
+    assert "initialised from vllm_dllm/default_model" in (got / "train.log").read_text()
+    assert (got / "model" / "config.json").exists() and (got / "model" / "model.safetensors").exists()
+    assert '"step": 1,' in (got / "train_log.jsonl").read_text()
+    # On the same warm machine the next call resumes the run.
+    again = _run("train", tmp_path / "out2", RUNS_DIR=str(tmp_path / "runs"), **quick)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert "resumed at step" in (_unpack(tmp_path / "out2", "train", tmp_path / "got2") / "train.log").read_text()
+    # On a fresh machine it starts from the weights a call brought back.
+    carried = _run("train", tmp_path / "out3", RUNS_DIR=str(tmp_path / "fresh"), TRAIN_FROM=str(got / "weights.pt"),
+                   **quick)
+    assert carried.returncode == 0, carried.stdout[-2000:] + carried.stderr[-2000:]
+    log = (_unpack(tmp_path / "out3", "train", tmp_path / "got3") / "train.log").read_text()
+    assert f"initialised from {got / 'weights.pt'}" in log

@@ -117,23 +117,36 @@ def test_curriculum_grows_task_sizes_to_the_full_range():
 
 
 def test_adaptive_curriculum_raises_a_task_only_when_it_is_learned():
-    cur = Curriculum(["copy", "retrieval"], threshold=0.9, increment=0.25, smoothing=0.5)
+    cur = Curriculum(["copy", "retrieval"], threshold=0.9, increment=0.25, min_observations=4)
     assert cur.task("copy", 0).max_len == 8 and cur.level("retrieval", 10_000) == 0.0
-    for _ in range(20):
-        cur.observe("retrieval", 0.5)  # never good enough: stays small
+    for _ in range(50):
+        cur.observe("retrieval", 0.85)  # never good enough: stays small
     raised = [cur.observe("copy", 1.0) for _ in range(4)]
+    # Right from its first batches: raised after min_observations, not after the ~22
+    # batches an average started at zero needs to pass 0.9 at smoothing 0.9.
     assert raised == [False, False, False, True] and cur.levels["copy"] == 0.25
     assert cur.levels["retrieval"] == 0.0
+    # Each level is earned anew: a bad batch early at the new sizes weighs in.
+    assert [cur.observe("copy", a) for a in (0.2, 1.0, 1.0, 1.0)] == [False] * 4
     for _ in range(40):
         cur.observe("copy", 1.0)
     assert cur.levels["copy"] == 1.0 and cur.task("copy", 0).max_len == TASKS["copy"].max_len
-    restored = Curriculum(["copy", "retrieval"], threshold=0.9, increment=0.25, smoothing=0.5)
+    restored = Curriculum(["copy", "retrieval"], threshold=0.9, increment=0.25)
     restored.load_state_dict(cur.state_dict())
-    assert restored.levels == cur.levels and restored.running == cur.running
+    assert restored.levels == cur.levels and restored.running == cur.running and restored.seen == cur.seen
     with pytest.raises(ValueError, match="curriculum"):
         Curriculum(["copy", "retrieval"]).load_state_dict(cur.state_dict())
 
 
+def test_curriculum_reads_a_state_saved_before_counts_as_an_uncorrected_average():
+    legacy = {"settings": {"linear_steps": 0, "threshold": 0.9, "increment": 0.1},
+              "levels": {"copy": 0.3}, "running": {"copy": 0.89}}
+    cur = Curriculum(["copy"], threshold=0.9)
+    cur.load_state_dict(legacy)
+    assert cur.estimate("copy") == pytest.approx(0.89)
+    # The run goes on where it stood: 0.9 * 0.89 + 0.1 passes at once.
+    assert cur.observe("copy", 1.0) and cur.levels["copy"] == 0.4
+    assert cur.seen["copy"] == 0 and not cur.observe("copy", 1.0)
 def test_linear_curriculum_and_no_curriculum():
     assert Curriculum(["copy"], linear_steps=100).level("copy", 50) == 0.5
     assert Curriculum(["copy"]).task("copy", 0).min_len == TASKS["copy"].min_len
@@ -192,6 +205,19 @@ def test_init_from_starts_a_new_run_from_another_runs_weights_and_levels(tmp_pat
     for name, weight in state["model"].items():
         assert torch.equal(started["model"][name], weight), name
     assert started["curriculum"]["levels"] == {"addition": 0.0, "copy": 0.7}
+
+    # --export-weights: the same start from a third of the file (no optimizer, no streams).
+    assert train.main(["--out", str(first), *shape, "--export-weights", str(tmp_path / "w" / "weights.pt")]) == 0
+    slim = torch.load(tmp_path / "w" / "weights.pt", weights_only=False)
+    assert "optim" not in slim and "data_rng" not in slim and slim["step"] == 2
+    assert train.main(["--out", str(tmp_path / "fourth"), *shape, "--steps", "0", "--curriculum-threshold", "0.9",
+                       "--init-from", str(tmp_path / "w" / "weights.pt")]) == 0
+    carried = torch.load(tmp_path / "fourth" / "state.pt", weights_only=False)
+    assert carried["curriculum"]["levels"] == {"addition": 0.0, "copy": 0.7}
+    for name, weight in state["model"].items():
+        assert torch.equal(carried["model"][name], weight), name
+    with pytest.raises(SystemExit, match="2"):  # no saved state to export
+        train.main(["--out", str(tmp_path / "none"), *shape, "--export-weights", str(tmp_path / "x.pt")])
 
     with pytest.raises(SystemExit):  # another shape cannot take these weights
         train.main(["--out", str(tmp_path / "third"), *shape, "--hidden", "128", "--steps", "0",

@@ -225,6 +225,17 @@ def save_state(path: pathlib.Path, model, optim, data_rng, noise, step: int, arg
     path.with_suffix(".tmp").replace(path)
 
 
+def export_weights(state_path: pathlib.Path, out: pathlib.Path) -> int:
+    """What `init_from` reads of a saved state, alone: the optimizer's moments and the
+    random streams are two thirds of a state and mean nothing to a new run."""
+    state = torch.load(state_path, weights_only=False, map_location="cpu")
+    kept = {k: state[k] for k in ("model", "curriculum", "step", "args") if k in state}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(kept, out.with_suffix(".tmp"))
+    out.with_suffix(".tmp").replace(out)
+    return state["step"]
+
+
 def parse_task_values(text: str, names: list[str], what: str) -> dict[str, int]:
     """`retrieval=4,addition=2` -> {"retrieval": 4, "addition": 2}; names must be trained tasks."""
     values: dict[str, int] = {}
@@ -354,6 +365,10 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu", help="e.g. cuda on a GPU machine")
     ap.add_argument("--export", type=pathlib.Path, default=None,
                     help="write the checkpoint of OUT/state.pt to this folder and exit (no training)")
+    ap.add_argument("--export-weights", type=pathlib.Path, default=None,
+                    help="write OUT/state.pt without its optimizer and random streams (weights, task levels, "
+                         "step: a third of its size) to this file and exit; --init-from takes it, to carry a "
+                         "run between machines")
     ap.add_argument("--arch", default="llada", choices=["llada", "llada2"],
                     help="llada: LLaDA-format model, masked diffusion; llada2: LLaDA2.x format (llada2_moe), "
                          "block diffusion with token editing")
@@ -400,6 +415,13 @@ def main(argv=None) -> int:
             ap.error(f"--export needs a saved state at {state_path}")
         step = export_saved(state_path, args.export)
         print(f"wrote {args.export} from step {step}", flush=True)
+        return 0
+    if args.export_weights is not None:
+        state_path = args.out / "state.pt"
+        if not state_path.exists():
+            ap.error(f"--export-weights needs a saved state at {state_path}")
+        step = export_weights(state_path, args.export_weights)
+        print(f"wrote {args.export_weights} (weights and task levels of step {step})", flush=True)
         return 0
     if args.arch == "llada2":
         from vllm_dllm.tools.train_llada2 import train_llada2  # it builds on this module
