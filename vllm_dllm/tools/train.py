@@ -409,20 +409,15 @@ def main(argv=None) -> int:
     # The held-out evaluation imports the decoding rule lazily; import it now so a
     # broken tree fails here rather than at the first evaluation, an hour in.
     import vllm_dllm.decoding.llada  # noqa: F401
-    if args.export is not None:
-        state_path = args.out / "state.pt"
-        if not state_path.exists():
-            ap.error(f"--export needs a saved state at {state_path}")
-        step = export_saved(state_path, args.export)
-        print(f"wrote {args.export} from step {step}", flush=True)
-        return 0
-    if args.export_weights is not None:
-        state_path = args.out / "state.pt"
-        if not state_path.exists():
-            ap.error(f"--export-weights needs a saved state at {state_path}")
-        step = export_weights(state_path, args.export_weights)
-        print(f"wrote {args.export_weights} (weights and task levels of step {step})", flush=True)
-        return 0
+    exports = {"--export": (args.export, export_saved, "{out} from step {step}"),
+               "--export-weights": (args.export_weights, export_weights, "{out} (weights and task levels of step {step})")}
+    for flag, (out, write, said) in exports.items():
+        if out is not None:
+            state_path = args.out / "state.pt"
+            if not state_path.exists():
+                ap.error(f"{flag} needs a saved state at {state_path}")
+            print("wrote " + said.format(out=out, step=write(state_path, out)), flush=True)
+            return 0
     if args.arch == "llada2":
         from vllm_dllm.tools.train_llada2 import train_llada2  # it builds on this module
 
