@@ -221,7 +221,13 @@ def save_state(path: pathlib.Path, model, optim, data_rng, noise, step: int, arg
         "noise": noise.get_state(), "step": step, "args": {k: str(v) for k, v in vars(args).items()},
         **extra,
     }
-    torch.save(state, path.with_suffix(".tmp"))
+    save_atomically(state, path)
+
+
+def save_atomically(obj, path: pathlib.Path) -> None:
+    """A file that is whole or absent: a run stopped mid-write keeps the last one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(obj, path.with_suffix(".tmp"))
     path.with_suffix(".tmp").replace(path)
 
 
@@ -229,10 +235,7 @@ def export_weights(state_path: pathlib.Path, out: pathlib.Path) -> int:
     """What `init_from` reads of a saved state, alone: the optimizer's moments and the
     random streams are two thirds of a state and mean nothing to a new run."""
     state = torch.load(state_path, weights_only=False, map_location="cpu")
-    kept = {k: state[k] for k in ("model", "curriculum", "step", "args") if k in state}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(kept, out.with_suffix(".tmp"))
-    out.with_suffix(".tmp").replace(out)
+    save_atomically({k: state[k] for k in ("model", "curriculum", "step", "args") if k in state}, out)
     return state["step"]
 
 
