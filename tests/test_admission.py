@@ -57,7 +57,8 @@ def test_unsupported_sampling_features_are_refused(llm):
 
 def test_sequence_longer_than_max_model_len_fails_alone(llm):
     long_prompt = {"prompt_token_ids": list(range(3, 3 + 100))}
-    good = SamplingParams(max_tokens=16, temperature=0.0)
+    # ignore_eos: the random checkpoint may emit EOS early, depending on the CPU's numerics.
+    good = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     outs = generate(llm, [long_prompt, PROMPT], [SamplingParams(max_tokens=64, temperature=0.0), good])
     assert outs[0].outputs[0].finish_reason == "error"
     assert outs[0].outputs[0].stop_reason and "max_model_len 128" in outs[0].outputs[0].stop_reason
