@@ -4,6 +4,7 @@ retrieval contexts short and digits/symbols one token each."""
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -136,10 +137,12 @@ def test_hard_task_formats_and_sizes():
         assert len(a) <= 4 and len(b) <= 2 and int(m.answer) == int(a) * int(b)
         c = HARD_TASKS["chain"].draw(rng)
         _, body, query = c.prompt.split("\n")
-        pairs = dict(p.split("=") for p in body.split(";")[1:])
-        assert 20 <= len(pairs) <= 60 and body.count(";") == len(pairs), "keys are distinct"
-        first = pairs[query.removeprefix("follow;").removesuffix("=")]
-        assert first.islower() and c.answer == f"{first}={pairs[first]}" and pairs[first].isupper()
+        entries = re.findall(r";([a-z]{2})=([A-Z]{2}|;[a-z]{2}=)", body)
+        pairs = dict(entries)
+        assert 20 <= len(pairs) == len(entries) <= 60, "keys are distinct"
+        link = pairs[query.removeprefix("follow;").removesuffix("=")]
+        value = pairs[link.strip(";=")]
+        assert link.startswith(";") and value.isupper() and c.answer == link + value
         br = HARD_TASKS["brackets"].draw(rng)
         text = br.prompt.removeprefix("close ")
         assert 8 <= len(text) <= 32 and 1 <= len(br.answer) <= 12
@@ -173,7 +176,12 @@ def test_hard_task_answers_are_short_under_the_task_tokenizer(tmp_path):
             assert len(tok.encode(inst.prompt, add_special_tokens=False)) <= 200
             assert tok.decode(answer) == inst.answer
     chain = HARD_TASKS["chain"].draw(rng)
-    assert len(tok.encode(chain.answer, add_special_tokens=False)) == 4  # key, "=", two capitals
+    answer = tok.encode(chain.answer, add_special_tokens=False)
+    assert len(answer) == 3  # the key, two capitals
+    # The answer's key is the very token the key has in the prompt: the second hop
+    # matches a token with itself, as retrieval does.
+    key_in_prompt = tok.encode(chain.answer[:4], add_special_tokens=False)
+    assert key_in_prompt == answer[:1] and answer[0] in tok.encode(chain.prompt, add_special_tokens=False)
 
 
 def _seeded_disjoint_splits(task, rng: random.Random):

@@ -23,16 +23,19 @@ dependent steps, so that committing many tokens at once goes wrong unless the mo
 sure (issue 27: tasks that rank decoding rules):
   sort       "sort 52 7 913 40"                                  -> "7 40 52 913"
   multiply   "mul 4821*97="                                      -> "467637"
-  chain      "chain\\n;ab=cd;cd=XY;ef=GH;...\\nfollow;ab="       -> "cd=XY"
+  chain      "chain\\n;ab=;cd=;cd=XY;ef=GH;...\\nfollow;ab="     -> ";cd=XY"
   brackets   "close ([]{<>}(<"                                   -> ">))"
 Sort: where each number lands depends on every other one, and on the widths of the
 numbers before it.  Multiply: every digit of the product depends on the carries of the
 digits right of it.  Chain (two-hop retrieval): the first key's value names a second
-key, whose value is two capitals; the answer is the second key, "=", then its value,
-so the value depends on the key decoded before it.  Brackets: the closers of the
+key, whose value is two capitals; the answer is the second key then its value, so the
+value depends on the key decoded before it.  A link's value is written as its target
+key is (";cd="), one token: written bare ("cd") it is another token, and matching it
+to its key means learning 676 token pairs from one row each (the first format: 0% held
+out at two pairs after 4,500 steps of the converted run, docs/training-log.md).  Brackets: the closers of the
 brackets left open, innermost first.  Answers use digits, capitals, spaces and bracket
 characters, one token each under the task tokenizer (the intermediate key of chain is
-one lowercase-pair token).
+the key's own token, ";cd=").
 
 `AUX_TASKS` holds training aids, in no group:
   lookup     "find\n;ab=C;ef=G;...\nvalue of;ef="                  -> "G"
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 import string
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -182,7 +186,7 @@ class Multiply(Task):
 class Chain(Task):
     """Two-hop retrieval among `min_pairs`-`max_pairs` pairs: about half the keys hold
     two capitals, the others hold another key that holds capitals.  The query is a key
-    of the second kind; the answer is the key it names, "=", and that key's value."""
+    of the second kind; the answer is the key it names and that key's value."""
 
     name = "chain"
     gen_length = 8
@@ -207,8 +211,9 @@ class Chain(Task):
         rng.shuffle(order)
         query = rng.choice(links)
         target = values[query]
-        pairs = "".join(f";{k}={values[k]}" for k in order)
-        return Instance(self.name, f"chain\n{pairs}\nfollow;{query}=", f"{target}={values[target]}")
+        written = {k: v if v.isupper() else f";{v}=" for k, v in values.items()}
+        pairs = "".join(f";{k}={written[k]}" for k in order)
+        return Instance(self.name, f"chain\n{pairs}\nfollow;{query}=", f";{target}={values[target]}")
 
 
 class Lookup(Task):
@@ -333,9 +338,15 @@ def check_answer(instance: Instance) -> bool:
         return answer == str(int(a) * int(b))
     if instance.task == "chain":
         _, body, query = prompt.split("\n")
-        pairs = dict(p.split("=") for p in body.split(";")[1:])
-        middle = pairs[query.removeprefix("follow;").removesuffix("=")]
-        return middle.islower() and pairs[middle].isupper() and answer == f"{middle}={pairs[middle]}"
+        entries = re.findall(r";([a-z]{2})=([A-Z]{2}|;[a-z]{2}=)", body)
+        if "".join(f";{k}={v}" for k, v in entries) != body:
+            return False
+        pairs = dict(entries)
+        link = pairs[query.removeprefix("follow;").removesuffix("=")]
+        if not link.startswith(";"):
+            return False
+        value = pairs[link.strip(";=")]
+        return value.isupper() and answer == link + value
     if instance.task == "brackets":
         closers = {v: k for k, v in BRACKETS.items()}
         stack: list[str] = []
