@@ -41,6 +41,37 @@ def _rows(rng: random.Random, n: int, block: int):
     return prompts, canvases
 
 
+def test_moe_output_and_gradients_are_the_routed_experts_weighted_sum():
+    """The grouped forward (pairs sorted by expert, permutations with gather
+    backwards) against every expert evaluated on every token and masked by the
+    routing weights, in float64 so a difference is a bug, not rounding."""
+    moe = _model(3).moe_layers()[0].double().train()
+
+    def reference(x):
+        chosen, weights = moe.route(x)
+        dense = torch.zeros(len(x), MOE["num_experts"], dtype=torch.float64).scatter(1, chosen, weights.double())
+        return sum(dense[:, e, None] * expert(x) for e, expert in enumerate(moe.experts)) + moe.shared_experts(x)
+
+    def output_and_grads(forward, x):
+        x = x.clone().requires_grad_()
+        moe.zero_grad(set_to_none=True)
+        out = forward(x)
+        (out * upstream).sum().backward()
+        return out, [x.grad] + [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in moe.parameters()]
+
+    x = torch.randn(57, SHAPE["hidden"], dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    upstream = torch.randn(57, SHAPE["hidden"], dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    moe.load.zero_()
+    got, got_grads = output_and_grads(moe, x)
+    chosen = moe.route(x)[0]
+    assert moe.load.equal(torch.bincount(chosen.flatten(), minlength=MOE["num_experts"]).to(moe.load.dtype))
+    want, want_grads = output_and_grads(reference, x)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert len(got_grads) == len(want_grads) > 3 * MOE["num_experts"]
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+
 def test_two_copy_layout_attends_as_block_causal_decoding():
     # With nothing masked, each noisy block sees what decoding's block-causal window
     # sees (clean earlier blocks, itself): its logits are the plain forward's, and the

@@ -148,17 +148,42 @@ class MoE(nn.Module):
         return chosen, weights * ROUTED_SCALING
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Each (token, slot) pair sorted by its expert, every expert run once on its
+        contiguous run, the results put back in (token, slot) order and summed over
+        the slots.  The two reorderings are permutations with gather backwards: a
+        gather-per-expert with index_add scatters every expert's gradient into a
+        zeroed [tokens, hidden], which on the CPU took an eighth of a training step."""
         chosen, weights = self.route(x)
-        out = torch.zeros_like(x)
-        for e, expert in enumerate(self.experts):
-            rows, slot = (chosen == e).nonzero(as_tuple=True)
-            if len(rows):
-                out = out.index_add(0, rows, weights[rows, slot, None].to(x.dtype) * expert(x[rows]))
+        n, k = chosen.shape
+        flat = chosen.flatten()
+        order = flat.argsort(stable=True)
+        counts = torch.bincount(flat, minlength=len(self.experts))
+        token_of_pair = order.div(k, rounding_mode="floor")
+        grouped = Permutation.apply(x, token_of_pair, k)
+        outputs = [expert(part) for expert, part in zip(self.experts, grouped.split(counts.tolist())) if len(part)]
+        pairs = Permutation.apply(torch.cat(outputs), order.argsort(), 1)
+        out = (pairs.view(n, k, -1) * weights[..., None].to(x.dtype)).sum(1)
         if self.training:
-            self.load += torch.bincount(chosen.flatten(), minlength=len(self.experts)).float()
+            self.load += counts.float()
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
         return out
+
+
+class Permutation(torch.autograd.Function):
+    """rows[index], where every row of `rows` is taken exactly `copies` times, so the
+    backward is a sum over copies of a gather by the inverse order (no scatter)."""
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor, index: torch.Tensor, copies: int) -> torch.Tensor:
+        ctx.inverse, ctx.rows, ctx.copies = index.argsort(stable=True), rows.shape[0], copies
+        return rows.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        # Sorted by source row, the copies of row r sit at [r * copies, (r + 1) * copies).
+        back = grad.index_select(0, ctx.inverse).view(ctx.rows, ctx.copies, -1).sum(1)
+        return back, None, None
 
 
 class Layer(nn.Module):
