@@ -70,8 +70,9 @@ SETTINGS = {
     # auto binding without the reserved core: the worker's OpenMP threads on every
     # core of the node (same as VLLM_CPU_OMP_THREADS_BIND=0-<n-1> here).
     "all-cores": {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"},
-    # the worker's one OpenMP thread on core 0, no core kept for the engine core: what
-    # the worker would run with if it gave a busy neighbour the other core.
+    # the worker's one OpenMP thread on core 0, no core kept for the engine core: the
+    # worker a thread short, as if yielding a core to a neighbour (the engine core's
+    # shm-queue spin takes that core, threads-and-neighbour/summary.md).
     "one-thread": {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_OMP_THREADS_BIND": "0"},
     # no binding: OMP_* left alone, torch's default thread count, no pinning.
     "nobind": {"VLLM_CPU_OMP_THREADS_BIND": "nobind"},

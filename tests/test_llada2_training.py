@@ -41,11 +41,20 @@ def _rows(rng: random.Random, n: int, block: int):
     return prompts, canvases
 
 
-def test_moe_output_and_gradients_are_the_routed_experts_weighted_sum():
+@pytest.mark.parametrize("per_token, starved", [(2, None), (1, 3)])
+def test_moe_output_and_gradients_are_the_routed_experts_weighted_sum(per_token, starved):
     """The grouped forward (pairs sorted by expert, permutations with gather
     backwards) against every expert evaluated on every token and masked by the
-    routing weights, in float64 so a difference is a bug, not rounding."""
-    moe = _model(3).moe_layers()[0].double().train()
+    routing weights, in float64 (the routing scores are float32 on both sides), so
+    a difference is a bug rather than rounding.  `starved`: an expert no token picks."""
+    torch.manual_seed(3)
+    moe = llada2.MoE(SHAPE["hidden"], {**MOE, "experts_per_token": per_token})
+    for p in moe.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    moe.gate.expert_bias.normal_(0, 0.1)
+    if starved is not None:
+        moe.gate.expert_bias[starved] = -1e3
+    moe = moe.double().train()
 
     def reference(x):
         chosen, weights = moe.route(x)
@@ -64,12 +73,16 @@ def test_moe_output_and_gradients_are_the_routed_experts_weighted_sum():
     moe.load.zero_()
     got, got_grads = output_and_grads(moe, x)
     chosen = moe.route(x)[0]
+    assert chosen.shape == (57, per_token)
     assert moe.load.equal(torch.bincount(chosen.flatten(), minlength=MOE["num_experts"]).to(moe.load.dtype))
+    assert (starved is None) == bool(moe.load.all())
     want, want_grads = output_and_grads(reference, x)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     assert len(got_grads) == len(want_grads) > 3 * MOE["num_experts"]
     for g, w in zip(got_grads, want_grads):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+    empty = torch.zeros(0, SHAPE["hidden"], dtype=torch.float64)
+    assert moe(empty).shape == empty.shape  # every position padding: nothing routed
 
 
 def test_two_copy_layout_attends_as_block_causal_decoding():

@@ -139,6 +139,7 @@ def test_hard_task_formats_and_sizes():
         _, body, query = c.prompt.split("\n")
         entries = re.findall(r";([a-z]{2})=([A-Z]{2}|;[a-z]{2}=)", body)
         pairs = dict(entries)
+        assert "".join(f";{k}={v}" for k, v in entries) == body
         assert 20 <= len(pairs) == len(entries) <= 60, "keys are distinct"
         link = pairs[query.removeprefix("follow;").removesuffix("=")]
         value = pairs[link.strip(";=")]
@@ -178,10 +179,14 @@ def test_hard_task_answers_are_short_under_the_task_tokenizer(tmp_path):
     chain = HARD_TASKS["chain"].draw(rng)
     answer = tok.encode(chain.answer, add_special_tokens=False)
     assert len(answer) == 3  # the key, two capitals
-    # The answer's key is the very token the key has in the prompt: the second hop
-    # matches a token with itself, as retrieval does.
-    key_in_prompt = tok.encode(chain.answer[:4], add_special_tokens=False)
-    assert key_in_prompt == answer[:1] and answer[0] in tok.encode(chain.prompt, add_special_tokens=False)
+    # The link's value, the answer's key and the key it names are one and the same
+    # token: both hops match a token with itself, as retrieval does.
+    query = chain.prompt.rsplit("\n", 1)[1].removeprefix("follow")
+    link = tok.encode(query + chain.answer[:4], add_special_tokens=False)
+    prompt = tok.encode(chain.prompt, add_special_tokens=False)
+    assert link == [prompt[-1], answer[0]]
+    assert any(prompt[i:i + 2] == link for i in range(len(prompt) - 2))
+    assert any(prompt[i:i + 3] == answer for i in range(len(prompt) - 3))
 
 
 def _seeded_disjoint_splits(task, rng: random.Random):

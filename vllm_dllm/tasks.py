@@ -30,12 +30,12 @@ numbers before it.  Multiply: every digit of the product depends on the carries 
 digits right of it.  Chain (two-hop retrieval): the first key's value names a second
 key, whose value is two capitals; the answer is the second key then its value, so the
 value depends on the key decoded before it.  A link's value is written as its target
-key is (";cd="), one token: written bare ("cd") it is another token, and matching it
-to its key means learning 676 token pairs from one row each (the first format: 0% held
-out at two pairs after 4,500 steps of the converted run, docs/training-log.md).  Brackets: the closers of the
-brackets left open, innermost first.  Answers use digits, capitals, spaces and bracket
-characters, one token each under the task tokenizer (the intermediate key of chain is
-the key's own token, ";cd=").
+key is (";cd="), one token.  Written bare ("cd") it was another token, and matching
+it to its key meant learning 676 token pairs from one row each: the converted run
+answered 0% of held-out chains at two pairs after 4,500 steps (docs/training-log.md).
+Brackets: the closers of the brackets left open, innermost first.  Answers use digits,
+capitals, spaces and bracket characters, one token each under the task tokenizer
+(chain's intermediate key is the key's own token, ";cd=").
 
 `AUX_TASKS` holds training aids, in no group:
   lookup     "find\n;ab=C;ef=G;...\nvalue of;ef="                  -> "G"

@@ -47,7 +47,8 @@ def task_at(name: str, level: float) -> Task:
 
 def fitting_task(full: Task, canvas: int) -> Task | None:
     """The task restricted to the instances whose answer fits a canvas of `canvas`
-    positions (every answer character is one token: digits and capitals), or None when
+    positions (one token per answer character for the tasks it shortens: digits and
+    capitals; the others fit by their gen_length), or None when
     none does (copy of 16-48 symbols on an 8-position canvas).  A fitting answer may
     fill the canvas exactly, with no room for <|eot_id|>."""
     if isinstance(full, Lookup):
