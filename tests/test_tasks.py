@@ -136,14 +136,16 @@ def test_hard_task_formats_and_sizes():
         a, b = m.prompt.removeprefix("mul ").removesuffix("=").split("*")
         assert len(a) <= 4 and len(b) <= 2 and int(m.answer) == int(a) * int(b)
         c = HARD_TASKS["chain"].draw(rng)
-        _, body, query = c.prompt.split("\n")
-        entries = re.findall(r";([a-z]{2})=([A-Z]{2}|;[a-z]{2}=)", body)
-        pairs = dict(entries)
-        assert "".join(f";{k}={v}" for k, v in entries) == body
-        assert 20 <= len(pairs) == len(entries) <= 60, "keys are distinct"
-        link = pairs[query.removeprefix("follow;").removesuffix("=")]
-        value = pairs[link.strip(";=")]
-        assert link.startswith(";") and value.isupper() and c.answer == link + value
+        _, links, hubs, query = c.prompt.split("\n")
+        link_pairs = re.findall(r";([a-z]{2})=([A-Z])", links)
+        hub_pairs = re.findall(r";([A-Z])=([A-Z]{2})", hubs)
+        assert "".join(f";{k}={v}" for k, v in link_pairs) == links
+        assert "".join(f";{k}={v}" for k, v in hub_pairs) == hubs
+        assert len(dict(link_pairs)) == len(link_pairs) and len(dict(hub_pairs)) == len(hub_pairs), "distinct keys"
+        assert 20 <= len(link_pairs) + len(hub_pairs) <= 60 and 10 <= len(hub_pairs) <= 20
+        assert {v for _, v in link_pairs} <= dict(hub_pairs).keys(), "every link names a hub"
+        hub = dict(link_pairs)[query.removeprefix("follow;").removesuffix("=")]
+        assert c.answer == f"{hub}={dict(hub_pairs)[hub]}"
         br = HARD_TASKS["brackets"].draw(rng)
         text = br.prompt.removeprefix("close ")
         assert 8 <= len(text) <= 32 and 1 <= len(br.answer) <= 12
@@ -178,15 +180,14 @@ def test_hard_task_answers_are_short_under_the_task_tokenizer(tmp_path):
             assert tok.decode(answer) == inst.answer
     chain = HARD_TASKS["chain"].draw(rng)
     answer = tok.encode(chain.answer, add_special_tokens=False)
-    assert len(answer) == 3  # the key, two capitals
-    # The link's value, the answer's key and the key it names are one and the same
-    # token: both hops match a token with itself, as retrieval does.
-    query = chain.prompt.rsplit("\n", 1)[1].removeprefix("follow")
-    link = tok.encode(query + chain.answer[:4], add_special_tokens=False)
+    assert len(answer) == 4  # the hub, "=", two capitals
+    # Both hops match a token with itself: the hub's capital after the query's link
+    # and before "=" in the hub table are the answer's first token.
     prompt = tok.encode(chain.prompt, add_special_tokens=False)
-    assert link == [prompt[-1], answer[0]]
-    assert any(prompt[i:i + 2] == link for i in range(len(prompt) - 2))
-    assert any(prompt[i:i + 3] == answer for i in range(len(prompt) - 3))
+    query = chain.prompt.rsplit("\n", 1)[1].removeprefix("follow")
+    link = tok.encode(query + chain.answer[0], add_special_tokens=False)
+    assert link == [prompt[-1], answer[0]] and any(prompt[i:i + 2] == link for i in range(len(prompt) - 2))
+    assert any(prompt[i:i + 4] == answer for i in range(len(prompt) - 4))
 
 
 def _seeded_disjoint_splits(task, rng: random.Random):

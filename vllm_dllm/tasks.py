@@ -23,19 +23,20 @@ dependent steps, so that committing many tokens at once goes wrong unless the mo
 sure (issue 27: tasks that rank decoding rules):
   sort       "sort 52 7 913 40"                                  -> "7 40 52 913"
   multiply   "mul 4821*97="                                      -> "467637"
-  chain      "chain\\n;ab=;cd=;cd=XY;ef=GH;...\\nfollow;ab="     -> ";cd=XY"
+  chain      "chain\\n;ab=C;cd=E;ef=C\\n;C=XY;E=GH\\nfollow;ab=" -> "C=XY"
   brackets   "close ([]{<>}(<"                                   -> ">))"
 Sort: where each number lands depends on every other one, and on the widths of the
 numbers before it.  Multiply: every digit of the product depends on the carries of the
-digits right of it.  Chain (two-hop retrieval): the first key's value names a second
-key, whose value is two capitals; the answer is the second key then its value, so the
-value depends on the key decoded before it.  A link's value is written as its target
-key is (";cd="), one token.  Written bare ("cd") it was another token, and matching
-it to its key meant learning 676 token pairs from one row each: the converted run
-answered 0% of held-out chains at two pairs after 4,500 steps (docs/training-log.md).
+digits right of it.  Chain (two-hop retrieval): a link's value names a hub, whose
+value is two capitals; the answer is the hub then its value, so the value depends on
+the hub decoded before it.  Both hops match a token with itself, and every answer
+token is one other tasks answer with too.  Two earlier formats named the hub by its
+lowercase-pair key: written bare ("cd") in the link it is another token than the key
+(";cd="), and written as the key the answer must output one of 676 key tokens.  Either
+way the model had 676 pairings (of tokens, or of output rows) to learn from about one
+row each, and did not (docs/training-log.md, session 18).
 Brackets: the closers of the brackets left open, innermost first.  Answers use digits,
-capitals, spaces and bracket characters, one token each under the task tokenizer
-(chain's intermediate key is the key's own token, ";cd=").
+capitals, spaces, "=" and bracket characters, one token each under the task tokenizer.
 
 `AUX_TASKS` holds training aids, in no group:
   lookup     "find\n;ab=C;ef=G;...\nvalue of;ef="                  -> "G"
@@ -54,6 +55,7 @@ from dataclasses import dataclass
 LETTERS = string.ascii_lowercase
 SYMBOLS = string.ascii_uppercase
 TEST_BUCKETS = 10  # one bucket in ten is the test split
+MAX_HUBS = 20  # chain's hubs: 60 pairs stay under 200 tokens
 
 TRAIN, TEST = "train", "test"
 
@@ -184,9 +186,10 @@ class Multiply(Task):
 
 
 class Chain(Task):
-    """Two-hop retrieval among `min_pairs`-`max_pairs` pairs: about half the keys hold
-    two capitals, the others hold another key that holds capitals.  The query is a key
-    of the second kind; the answer is the key it names and that key's value."""
+    """Two-hop retrieval over `min_pairs`-`max_pairs` pairs in two tables.  Links map a
+    key (two lowercase letters) to a hub, named by one capital; hubs map their capital
+    to two capitals.  About half the pairs are hubs, at most MAX_HUBS.  The query is a
+    link; the answer is its hub, "=", and the hub's value."""
 
     name = "chain"
     gen_length = 8
@@ -196,24 +199,15 @@ class Chain(Task):
 
     def draw(self, rng: random.Random) -> Instance:
         n = rng.randint(self.min_pairs, self.max_pairs)
-        keys: list[str] = []
-        seen: set[str] = set()
-        while len(keys) < n:
-            key = _pair(rng)
-            if key not in seen:
-                seen.add(key)
-                keys.append(key)
-        hubs = keys[: max(1, n // 2)]  # keys holding capitals
-        links = keys[len(hubs):]  # keys holding a hub key
-        values = {k: rng.choice(SYMBOLS) + rng.choice(SYMBOLS) for k in hubs}
-        values.update({k: rng.choice(hubs) for k in links})
-        order = keys[:]
-        rng.shuffle(order)
+        hubs = rng.sample(SYMBOLS, min(MAX_HUBS, max(1, n // 2)))
+        links = rng.sample([a + b for a in LETTERS for b in LETTERS], n - len(hubs))
+        hub_of = {k: rng.choice(hubs) for k in links}
+        value = {h: rng.choice(SYMBOLS) + rng.choice(SYMBOLS) for h in hubs}
         query = rng.choice(links)
-        target = values[query]
-        written = {k: v if v.isupper() else f";{v}=" for k, v in values.items()}
-        pairs = "".join(f";{k}={written[k]}" for k in order)
-        return Instance(self.name, f"chain\n{pairs}\nfollow;{query}=", f";{target}={values[target]}")
+        link_table = "".join(f";{k}={hub_of[k]}" for k in links)
+        hub_table = "".join(f";{h}={value[h]}" for h in hubs)
+        hub = hub_of[query]
+        return Instance(self.name, f"chain\n{link_table}\n{hub_table}\nfollow;{query}=", f"{hub}={value[hub]}")
 
 
 class Lookup(Task):
@@ -337,16 +331,14 @@ def check_answer(instance: Instance) -> bool:
         a, b = prompt.removeprefix("mul ").removesuffix("=").split("*")
         return answer == str(int(a) * int(b))
     if instance.task == "chain":
-        _, body, query = prompt.split("\n")
-        entries = re.findall(r";([a-z]{2})=([A-Z]{2}|;[a-z]{2}=)", body)
-        if "".join(f";{k}={v}" for k, v in entries) != body:
+        _, links, hubs, query = prompt.split("\n")
+        link_pairs = re.findall(r";([a-z]{2})=([A-Z])", links)
+        hub_pairs = re.findall(r";([A-Z])=([A-Z]{2})", hubs)
+        if ("".join(f";{k}={v}" for k, v in link_pairs) != links
+                or "".join(f";{k}={v}" for k, v in hub_pairs) != hubs):
             return False
-        pairs = dict(entries)
-        link = pairs[query.removeprefix("follow;").removesuffix("=")]
-        if not link.startswith(";"):
-            return False
-        value = pairs[link.strip(";=")]
-        return value.isupper() and answer == link + value
+        hub = dict(link_pairs)[query.removeprefix("follow;").removesuffix("=")]
+        return answer == f"{hub}={dict(hub_pairs)[hub]}"
     if instance.task == "brackets":
         closers = {v: k for k, v in BRACKETS.items()}
         stack: list[str] = []
