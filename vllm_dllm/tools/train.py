@@ -231,10 +231,18 @@ def save_atomically(obj, path: pathlib.Path) -> None:
     path.with_suffix(".tmp").replace(path)
 
 
+def load_state(path: pathlib.Path) -> dict:
+    """A saved training state with every tensor on the CPU, whatever device trains: the
+    random streams' states must be CPU byte tensors (a CUDA run's resume failed on a state
+    mapped onto the GPU), and `load_state_dict` copies weights and moments to the model's
+    own device."""
+    return torch.load(path, weights_only=False, map_location="cpu")
+
+
 def export_weights(state_path: pathlib.Path, out: pathlib.Path) -> int:
     """What `init_from` reads of a saved state, alone: the optimizer's moments and the
     random streams are two thirds of a state and mean nothing to a new run."""
-    state = torch.load(state_path, weights_only=False, map_location="cpu")
+    state = load_state(state_path)
     save_atomically({k: state[k] for k in ("model", "curriculum", "step", "args") if k in state}, out)
     return state["step"]
 
@@ -282,7 +290,7 @@ def export(model, out: pathlib.Path, ids: dict, shape: dict, max_len: int, tasks
 def export_saved(state_path: pathlib.Path, out: pathlib.Path) -> int:
     """Write the checkpoint of a saved state, shaped by the saved run's own arguments
     (width, positions, context length, tasks), whatever the command line says."""
-    state = torch.load(state_path, weights_only=False, map_location="cpu")
+    state = load_state(state_path)
     saved = state["args"]
     if saved.get("arch", "llada") == "llada2":
         from vllm_dllm.tools.train_llada2 import export_saved_llada2  # it builds on this module
@@ -310,7 +318,7 @@ def init_from(state_path: pathlib.Path, model, curriculum: Curriculum) -> None:
         weights = load_file(str(state_path / "model.safetensors"))
         model.load_state_dict({k: v.float() for k, v in weights.items()})
         return
-    state = torch.load(state_path, weights_only=False, map_location="cpu")
+    state = load_state(state_path)
     model.load_state_dict(state["model"])
     saved = state.get("curriculum")
     # States saved before curricula recorded their settings came from adaptive runs.
@@ -473,7 +481,7 @@ def main(argv=None) -> int:
             ap.error(f"--init-from {args.init_from}: not a saved training state of this shape ({exc!r})")
         print(f"initialised from {args.init_from}", flush=True)
     if args.resume and state_path.exists():
-        state = torch.load(state_path, weights_only=False, map_location=args.device)
+        state = load_state(state_path)
         model.load_state_dict(state["model"])
         optim.load_state_dict(state["optim"])
         data_rng.setstate(state["data_rng"])

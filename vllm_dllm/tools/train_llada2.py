@@ -21,6 +21,7 @@ from vllm_dllm.tools.train import (
     Encoder,
     Llada2Encoder,
     init_from,
+    load_state,
     lr_at,
     make_batch,
     parse_task_values,
@@ -161,7 +162,7 @@ def train_llada2(args, ap) -> int:
                 ap.error(f"--init-from {args.init_from}: not a saved training state of this shape ({exc!r})")
         print(f"initialised from {args.init_from}", flush=True)
     if args.resume and state_path.exists():
-        state = torch.load(state_path, weights_only=False, map_location=args.device)
+        state = load_state(state_path)
         model.load_state_dict(state["model"])
         load_adamw_state(optim, model, state["optim"])
         data_rng.setstate(state["data_rng"])
