@@ -154,9 +154,10 @@ class MoE(nn.Module):
         gather per expert with index_add scatters every expert's gradient into a
         zeroed [tokens, hidden] instead (1.3-1.5x slower per MoE layer on this CPU,
         benchmarks/llada2_moe_backward.py)."""
-        out = torch.zeros_like(x)
         n, hidden = x.shape
-        if n:
+        if not n:
+            out = torch.zeros_like(x)
+        else:
             chosen, weights = self.route(x)
             k = chosen.shape[1]
             flat = chosen.flatten()
