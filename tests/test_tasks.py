@@ -69,6 +69,20 @@ def test_wilson_interval_brackets_the_observed_rate():
     assert wilson(0, 0) == (0.0, 1.0)
 
 
+def test_paired_difference_counts_discordant_instances_and_tests_them_exactly():
+    from vllm_dllm.eval import paired_difference
+
+    # Ten instances only the first setting gets right, none the other way: p = 2 / 2**10.
+    assert paired_difference("1" * 10 + "11", "0" * 10 + "11") == (10, 0, 2 / 1024)
+    only_first, only_second, p = paired_difference("1100101", "0110011")
+    assert (only_first, only_second) == (2, 2) and p == 1.0
+    # The same split is judged the same whichever setting comes first.
+    assert paired_difference("1110", "0001")[2] == paired_difference("0001", "1110")[2] == 0.625
+    assert paired_difference("", "") == (0, 0, 1.0)
+    with pytest.raises(ValueError, match="do not pair up"):
+        paired_difference("101", "10")
+
+
 def test_char_score_gives_positional_partial_credit():
     inst = Instance("copy", "copy ABCD", "ABCD")
     assert char_score(inst, "ABCD") == 1.0

@@ -54,6 +54,9 @@ class TaskResult:
     wall_s: float
     max_tokens: int
     instances: str  # which held-out instances: the task's full range or the part that fits
+    # "1"/"0" per instance, exact match or not, in draw order: two settings measured on
+    # the same seed pair up instance by instance (`paired_difference`).
+    outcomes: str = ""
 
 
 def describe(task: Task) -> str:
@@ -81,6 +84,21 @@ def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
     return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def paired_difference(first: str, second: str) -> tuple[int, int, float]:
+    """Two settings' `outcomes` on the same instances: (right only under the first,
+    right only under the second, exact two-sided McNemar p-value).  Instances both get
+    right or both get wrong say nothing about which setting is better; the p-value is
+    the chance of a split at least this lopsided among the discordant ones if either
+    setting were equally likely to win each."""
+    if len(first) != len(second):
+        raise ValueError(f"outcomes of {len(first)} and {len(second)} instances do not pair up")
+    only_first = sum(a == "1" and b == "0" for a, b in zip(first, second))
+    only_second = sum(a == "0" and b == "1" for a, b in zip(first, second))
+    discordant = only_first + only_second
+    tail = sum(math.comb(discordant, k) for k in range(min(only_first, only_second) + 1)) / 2 ** discordant
+    return only_first, only_second, min(1.0, 2 * tail)
 
 
 def exact_xargs(gen_length: int, xargs: dict) -> dict:
@@ -203,7 +221,8 @@ def evaluate_task(runner, task: Task, n: int, seed: int, xargs: dict, max_tokens
     start = time.perf_counter()
     texts, tokens, steps = runner.run(items, max_tokens, xargs)
     wall = time.perf_counter() - start
-    correct = sum(score(item, text) for item, text in zip(items, texts))
+    right = [bool(score(item, text)) for item, text in zip(items, texts)]
+    correct = sum(right)
     return TaskResult(
         task=task.name,
         n=n,
@@ -217,6 +236,7 @@ def evaluate_task(runner, task: Task, n: int, seed: int, xargs: dict, max_tokens
         wall_s=wall,
         max_tokens=max_tokens,
         instances=describe(task),
+        outcomes="".join("1" if r else "0" for r in right),
     )
 
 
