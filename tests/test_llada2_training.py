@@ -277,6 +277,16 @@ def test_qk_gain_init_sets_the_attention_temperature(tmp_path):
     assert all(torch.allclose(n, torch.ones_like(n), atol=1e-6) for n in norms), "only the QK-norm gains move"
 
 
+def test_full_size_share_draws_llada2_batches_at_the_full_range(tmp_path):
+    out = tmp_path / "share"
+    assert train.main(["--arch", "llada2", "--out", str(out), *SIZES, "--tasks", "multiply", "--steps", "2",
+                       "--warmup", "1", "--eval-every", "1000", "--save-every", "1", "--checkpoint-dtype", "float32",
+                       "--curriculum-threshold", "0.9", "--full-size-share", "1"]) == 0
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r.get("full_size") for r in log] == [True, True]
+    assert torch.load(out / "state.pt", weights_only=False)["curriculum"]["seen"]["multiply"] == 0
+
+
 def test_mimetic_qk_starts_attention_on_like_tokens():
     """--mimetic-qk: each query head starts as its KV head's key projection (plus the
     stated noise), so before any training a token's query scores the same token's key

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests import oracle, oracle_model
-from vllm_dllm.tasks import TASKS
+from vllm_dllm.tasks import HARD_TASKS, TASKS
 from vllm_dllm.tools import train
 from vllm_dllm.training.curriculum import Curriculum, task_at
 
@@ -147,6 +147,46 @@ def test_curriculum_reads_a_state_saved_before_counts_as_an_uncorrected_average(
     # The run goes on where it stood: 0.9 * 0.89 + 0.1 passes at once.
     assert cur.observe("copy", 1.0) and cur.levels["copy"] == 0.4
     assert cur.seen["copy"] == 0 and not cur.observe("copy", 1.0)
+def test_full_size_share_trains_some_batches_at_the_full_range_without_earning_levels():
+    cur = Curriculum(["multiply", "copy"], threshold=0.9, full_share=0.25)
+    cur.levels["copy"] = 1.0
+    rng = random.Random(0)
+    draws = [cur.draw("multiply", 0, rng) for _ in range(400)]
+    full = [task for task, at_level in draws if not at_level]
+    assert 60 <= len(full) <= 140, len(full)  # 100 expected; +-4 standard deviations
+    assert all((t.max_digits_a, t.max_digits_b) == (HARD_TASKS["multiply"].max_digits_a, HARD_TASKS["multiply"].max_digits_b)
+               for t in full)
+    assert all(t.max_digits_a == 1 for t, at_level in draws if at_level), "the rest stay at the level's sizes"
+    # A task at its full sizes, or a curriculum without a share, leaves the data stream alone.
+    before = rng.getstate()
+    assert all(cur.draw("copy", 0, rng)[1] for _ in range(20))
+    plain = Curriculum(["multiply"], threshold=0.9)
+    assert all(plain.draw("multiply", 0, rng)[1] for _ in range(20))
+    assert rng.getstate() == before
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="full-size share"):
+            Curriculum(["copy"], threshold=0.9, full_share=bad)
+
+
+def test_full_size_batches_are_logged_and_do_not_count_toward_a_level(tmp_path):
+    out = tmp_path / "run"
+    common = ["--out", str(out), "--hidden", "64", "--layers", "1", "--heads", "1", "--intermediate", "96",
+              "--tasks", "addition", "--eval-every", "1000", "--save-every", "100", "--threads", "1",
+              "--curriculum-threshold", "0.9"]
+    assert train.main([*common, "--steps", "3", "--full-size-share", "1"]) == 0
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r.get("full_size") for r in log] == [True] * 3
+    state = torch.load(out / "state.pt", weights_only=False)
+    assert state["curriculum"]["seen"]["addition"] == 0 and state["curriculum"]["levels"]["addition"] == 0.0
+    # A state saved without a share resumes with one: the share does not change what a level means.
+    assert train.main([*common, "--steps", "4", "--resume"]) == 0
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert "full_size" not in log[-1]
+    assert torch.load(out / "state.pt", weights_only=False)["curriculum"]["seen"]["addition"] == 1
+    with pytest.raises(SystemExit, match="2"):
+        train.main([*common, "--out", str(tmp_path / "bad"), "--steps", "1", "--full-size-share", "2"])
+
+
 def test_linear_curriculum_and_no_curriculum():
     assert Curriculum(["copy"], linear_steps=100).level("copy", 50) == 0.5
     assert Curriculum(["copy"]).task("copy", 0).min_len == TASKS["copy"].min_len

@@ -307,6 +307,14 @@ def export_saved(state_path: pathlib.Path, out: pathlib.Path) -> int:
     return state["step"]
 
 
+def make_curriculum(names: list[str], args, ap) -> Curriculum:
+    try:
+        return Curriculum(names, linear_steps=args.curriculum_steps, threshold=args.curriculum_threshold,
+                          full_share=args.full_size_share)
+    except ValueError as exc:
+        ap.error(f"--curriculum-steps/--curriculum-threshold/--full-size-share: {exc}")
+
+
 def init_from(state_path: pathlib.Path, model, curriculum: Curriculum) -> None:
     """Load another run's weights, and its task levels when both runs grow sizes
     adaptively (levels say what the model has learned, so they carry over).  A
@@ -347,6 +355,9 @@ def main(argv=None) -> int:
     ap.add_argument("--curriculum-threshold", type=float, default=0.0,
                     help="adaptive curriculum: raise a task's sizes a tenth of the way whenever its running "
                          "masked-answer accuracy passes this (e.g. 0.9)")
+    ap.add_argument("--full-size-share", type=float, default=0.0,
+                    help="draw this fraction of a task's batches at its full sizes while its curriculum level "
+                         "is below them (those batches do not count toward the next level)")
     ap.add_argument("--tasks", default="retrieval,addition,copy,reverse",
                     help="task names, or all (the original four), hard (sort, multiply, chain, brackets), every")
     ap.add_argument("--task-weights", default="",
@@ -470,8 +481,7 @@ def main(argv=None) -> int:
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     data_rng = random.Random(args.seed)
     noise = torch.Generator().manual_seed(args.seed)
-    curriculum = Curriculum([t.name for t in tasks], linear_steps=args.curriculum_steps,
-                            threshold=args.curriculum_threshold)
+    curriculum = make_curriculum(names, args, ap)
     step = 0
     state_path = args.out / "state.pt"
     if args.init_from is not None:
@@ -502,7 +512,7 @@ def main(argv=None) -> int:
     while step < args.steps:
         if args.minutes is not None and time.time() - start > args.minutes * 60:
             break
-        task = curriculum.task(cycle[step % len(cycle)], step)
+        task, at_level = curriculum.draw(cycle[step % len(cycle)], step, data_rng)
         _, prompts, canvases = make_batch(task, encoder, data_rng, batch_sizes[task.name],
                                           max_canvas=args.max_canvas, own_share=args.own_length_share)
         batch, lengths, starts = pack(prompts, canvases, ids["eos"])
@@ -522,7 +532,9 @@ def main(argv=None) -> int:
         record = {"step": step, "task": task.name, "loss": round(loss.item(), 4),
                   "answer_accuracy": None if answer_accuracy is None else round(answer_accuracy, 3),
                   "elapsed_s": round(time.time() - start, 1)}
-        if answer_accuracy is not None and curriculum.observe(task.name, answer_accuracy):
+        if not at_level:
+            record["full_size"] = True
+        if answer_accuracy is not None and at_level and curriculum.observe(task.name, answer_accuracy):
             record["level"] = curriculum.levels[task.name]
         if step % args.eval_every == 0 or step == args.steps:
             model.eval()

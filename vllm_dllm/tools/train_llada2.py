@@ -24,11 +24,11 @@ from vllm_dllm.tools.train import (
     load_state,
     lr_at,
     make_batch,
+    make_curriculum,
     parse_task_values,
     save_state,
     task_cycle,
 )
-from vllm_dllm.training.curriculum import Curriculum
 from vllm_dllm.training.optim import adamw, load_adamw_state
 from vllm_dllm.training.task_balance import TaskGradientBalance
 
@@ -143,7 +143,7 @@ def train_llada2(args, ap) -> int:
     task_balance = TaskGradientBalance() if args.balance_tasks else None
     data_rng = random.Random(args.seed)
     noise = torch.Generator().manual_seed(args.seed)
-    curriculum = Curriculum(names, linear_steps=args.curriculum_steps, threshold=args.curriculum_threshold)
+    curriculum = make_curriculum(names, args, ap)
     step = 0
     state_path = args.out / "state.pt"
     if args.init_from is not None:
@@ -187,7 +187,7 @@ def train_llada2(args, ap) -> int:
     while step < args.steps:
         if args.minutes is not None and time.time() - start > args.minutes * 60:
             break
-        task = curriculum.task(cycle[step % len(cycle)], step)
+        task, at_level = curriculum.draw(cycle[step % len(cycle)], step, data_rng)
         _, prompts, canvases = make_batch(task, encoder, data_rng, batch_sizes[task.name])
         canvases = [llada2.extend_to_block(c, len(p), args.block_length, ids["eos"]) for p, c in zip(prompts, canvases)]
         for group in optim.param_groups:
@@ -214,7 +214,9 @@ def train_llada2(args, ap) -> int:
         if grad_scale is not None:
             record["grad_scale"] = round(grad_scale, 3)
         accuracy = stats["answer_accuracy"]
-        if accuracy is not None and curriculum.observe(task.name, accuracy):
+        if not at_level:
+            record["full_size"] = True
+        if accuracy is not None and at_level and curriculum.observe(task.name, accuracy):
             record["level"] = curriculum.levels[task.name]
         if step % args.eval_every == 0 or step == args.steps:
             model.eval()

@@ -5,9 +5,17 @@ prompt, copy what is there) in cheap steps with few distractors.  Sizes grow fro
 level in [0, 1]: linearly with the step (`linear_steps`), or per task once the running
 accuracy on that task's masked answer tokens passes `threshold` (adaptive), since when
 a task's mechanism forms cannot be planned in advance.
+
+A level caps the sizes a task trains on, so the largest instances are never seen while
+it climbs: a task stuck at a level the eval's full range is far above (multiply's
+four-digit factors at level 0.6) learns nothing of that range.  `full_share` draws
+that fraction of a climbing task's batches at the full range; their accuracy does not
+count toward the next level, which stays earned at the level's own sizes.
 """
 
 from __future__ import annotations
+
+import random
 
 from vllm_dllm.tasks import ALL_TASKS, Addition, Brackets, Chain, Copy, Lookup, Multiply, Recall, Retrieval, Sort, Task
 
@@ -77,9 +85,13 @@ class Curriculum:
     knows it) waited 22 of its batches per tenth at smoothing 0.9; corrected, 8."""
 
     def __init__(self, names: list[str], *, linear_steps: int = 0, threshold: float = 0.0,
-                 increment: float = 0.1, smoothing: float = 0.9, min_observations: int = 8):
+                 increment: float = 0.1, smoothing: float = 0.9, min_observations: int = 8,
+                 full_share: float = 0.0):
         if linear_steps and threshold:
             raise ValueError("choose a linear or an adaptive curriculum, not both")
+        if not 0.0 <= full_share <= 1.0:
+            raise ValueError(f"the full-size share must be in [0, 1], not {full_share}")
+        self.full_share = full_share
         self.linear_steps, self.threshold = linear_steps, threshold
         self.increment, self.smoothing = increment, smoothing
         self.min_observations = min_observations
@@ -95,6 +107,15 @@ class Curriculum:
 
     def task(self, name: str, step: int) -> Task:
         return task_at(name, self.level(name, step))
+
+    def draw(self, name: str, step: int, rng: random.Random) -> tuple[Task, bool]:
+        """The task of one batch, and whether it is at the curriculum's level (only those
+        batches earn the next level).  `rng` is read only when a full-size share is set,
+        so runs without one draw exactly the data they always drew."""
+        level = self.level(name, step)
+        if level < 1.0 and self.full_share and rng.random() < self.full_share:
+            return task_at(name, 1.0), False
+        return task_at(name, level), True
 
     def observe(self, name: str, accuracy: float) -> bool:
         """Record a training batch's masked-answer accuracy; True when the level rose."""
