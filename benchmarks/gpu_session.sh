@@ -83,12 +83,14 @@ train)
     # model is kernel launches, so on an H200 it still ran at ~8.7 steps/s (session 19).
     # lr 5e-4 continues a run whose cosine is past its peak.  Steps go mostly to the tasks
     # still below full size (retrieval, copy and reverse were held-out exact at 96-100%
-    # by then).  TRAIN_ARGS overrides any of these.
+    # by then), and half of a climbing task's batches are drawn at its full sizes
+    # (--full-size-share: chain at full size went from 8% to 50% held out in 500 CPU
+    # steps with it, session 21).  TRAIN_ARGS overrides any of these.
     conv=(--arch llada2 --out "$runs/gpu-conv" --tasks every --hidden 192 --layers 4 --heads 3 --kv-heads 3
           --intermediate 576 --experts 16 --experts-per-token 4 --expert-groups 4 --topk-groups 2
           --moe-intermediate 144 --shared-experts 4 --rope-theta 10000 --steps 40000 --lr 5e-4 --warmup 100
-          --batch-scale 2 --batch-sizes retrieval=48 --task-weights retrieval=2,chain=3,multiply=3,sort=2,brackets=2
-          --curriculum-threshold 0.9 --balance-tasks --eval-every 1000 --eval-n 24 --save-every 200)
+          --batch-scale 2 --batch-sizes retrieval=48 --task-weights addition=2,chain=3,multiply=3,sort=3,brackets=2
+          --curriculum-threshold 0.9 --full-size-share 0.5 --balance-tasks --eval-every 1000 --eval-n 24 --save-every 200)
     # shellcheck disable=SC2086
     "$py" -m vllm_dllm.tools.train "${conv[@]}" "${start[@]}" --device "${TRAIN_DEVICE:-cuda}" --threads "${TRAIN_THREADS:-8}" \
         --minutes "${TRAIN_MINUTES:-8}" ${TRAIN_ARGS:-} 2>&1 | tee "$out/train.log" \
