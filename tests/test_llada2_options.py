@@ -8,10 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.options_fixtures import llada as llada_server
+from vllm_dllm.eval import canvas_for
 from vllm_dllm.options import LLADA2, OptionError, resolve
 from vllm_dllm.options.llada2 import unsupported_release
 from vllm_dllm.phases import block_causal_phase
 from vllm_dllm.server_defaults import ServerDefaults
+from vllm_dllm.tasks import ALL_TASKS
 
 
 def options(extra=None, server=None, generation=None, max_tokens=40, temperature=0.0, top_k=0, top_p=1.0):
@@ -25,6 +28,22 @@ def test_defaults_are_the_official_functions():
     assert (o.block_length, o.steps, o.threshold, o.minimal_topk, o.eos_early_stop) == (32, 32, 0.95, 1, False)
     assert o.editing_threshold is None and o.max_post_steps == 16 and o.num_to_transfer == 1
     assert o.top_k is None and o.top_p is None and not o.uses_cfg and o.block_causal
+
+
+def test_the_eval_asks_a_block_diffusion_model_for_at_least_one_block():
+    # LLaDA2.0 clamps steps per block to max_tokens // minimal_topk: a request for 8
+    # tokens would commit a 32-position block at 4 a step, off the official defaults.
+
+    retrieval, copy = ALL_TASKS["retrieval"], ALL_TASKS["copy"]
+    assert retrieval.gen_length < 32 < copy.gen_length
+    assert options(max_tokens=8).steps_per_block == 8 and options(max_tokens=32).steps_per_block == 32
+    assert canvas_for(retrieval, options(max_tokens=retrieval.gen_length)) == 32
+    assert canvas_for(retrieval, options({"block_length": 8}, max_tokens=retrieval.gen_length)) == 8
+    assert canvas_for(retrieval, options(generation={"block_length": 16}, max_tokens=8)) == 16
+    assert canvas_for(copy, options(max_tokens=copy.gen_length)) == copy.gen_length
+    # LLaDA decodes its canvas exactly as long as asked.
+    llada = resolve(llada_server(), max_tokens=8, temperature=0.0, top_p=1.0, top_k=0, extra_args=None)
+    assert canvas_for(retrieval, llada) == retrieval.gen_length
 
 
 def test_generation_config_then_server_then_request():

@@ -257,7 +257,10 @@ def test_the_plugin_serves_the_trained_checkpoint(trained):
             compared += 1
         assert compared >= 3
         result = task_eval.evaluate_task(runner, ALL_TASKS["brackets"], 4, seed=0, xargs={"block_length": 8})
-        assert result.n == 4 and result.denoising_steps > 0
+        assert result.n == 4 and result.denoising_steps > 0 and result.max_tokens == ALL_TASKS["brackets"].gen_length
+        # A task shorter than a block is asked for the whole block (the official defaults' regime).
+        result = task_eval.evaluate_task(runner, ALL_TASKS["addition"], 2, seed=0, xargs={})
+        assert result.max_tokens == 32 > ALL_TASKS["addition"].gen_length
     finally:
         runner.engine.engine_core.shutdown()
 

@@ -15,14 +15,21 @@ generation length, one block, low-confidence remasking.  A LLaDA2.x checkpoint
 `hard` the four of issue 27 (sort, multiply, chain, brackets); `every` both; or a
 comma-separated list of names.
 
-Each task is decoded on its own canvas length (`Task.gen_length`) unless `--max-tokens`
-lists canvas lengths: then every task runs at each of them, on the held-out instances
+Each task is decoded on its own canvas length (`Task.gen_length`), at least one block
+on a block-diffusion checkpoint (below), unless `--max-tokens` lists canvas lengths: then every task runs at each of them, on the held-out instances
 whose answer fits (copy/reverse of 16-48 symbols on a 32-position canvas: 16-32
 symbols; none on 8, reported as n/a).  For lengths of 8, 16, 32 and 56 exact decoding
 is also the server's default (steps = max_tokens; one block, since a 32-position block
 either equals the canvas or does not divide it), so the sweep measures what a request
 without diffusion options gets; 56 is the shipped model's `max_new_tokens`, the canvas
 of a chat request without `max_tokens`.
+
+A block-diffusion checkpoint (LLaDA2.x) is asked for at least one whole block
+(`max(Task.gen_length, block_length)`, block_length as the request would resolve it):
+LLaDA2.0's rule clamps its steps per block to `max_tokens // minimal_topk`, so a
+request for 8 tokens commits a 32-position block in 8 steps, a quota of 4 a step that
+the official defaults (gen_length 2048 >= block_length) never use.  The eval measures
+the model at those defaults; `--max-tokens` still measures any other request size.
 """
 
 from __future__ import annotations
@@ -105,6 +112,14 @@ def exact_xargs(gen_length: int, xargs: dict) -> dict:
     return {"steps": gen_length, "block_length": gen_length, **xargs}
 
 
+def canvas_for(task: Task, options) -> int:
+    """`max_tokens` for `task` under a request's resolved options: at least one block
+    when decoding is block-causal."""
+    if options.block_causal:
+        return max(task.gen_length, options.block_length)
+    return task.gen_length
+
+
 def instances(task: Task, n: int, seed: int) -> list[Instance]:
     rng = random.Random(seed)
     return [task.sample(rng, TEST) for _ in range(n)]
@@ -128,6 +143,18 @@ class OfflineRunner:
         # LLaDA2.x decodes with the model's own defaults; LLaDA and Dream exactly.
         self.exact = "LLaDA2MoeModelLM" not in architectures
         self._next_id = 0
+
+    def default_canvas(self, task: Task, xargs: dict) -> int:
+        """The task's own length, or on a block-diffusion checkpoint at least the block
+        its requests resolve to (the module's docstring says why)."""
+        if self.exact:
+            return task.gen_length
+        from vllm_dllm.options.registry import resolve
+        from vllm_dllm.server_config import server_defaults
+
+        options = resolve(server_defaults(self.engine.vllm_config), max_tokens=task.gen_length,
+                          temperature=0.0, top_p=1.0, top_k=0, extra_args=xargs)
+        return canvas_for(task, options)
 
     def _steps(self) -> float:
         import prometheus_client
@@ -215,8 +242,11 @@ class ServerRunner:
 
 def evaluate_task(runner, task: Task, n: int, seed: int, xargs: dict, max_tokens: int | None = None) -> TaskResult:
     """`task` on `n` held-out instances with a canvas of `max_tokens` (default: the
-    task's own length); `task` should be one whose answers fit (see `fitting_task`)."""
-    max_tokens = max_tokens or task.gen_length
+    runner's `default_canvas`, else the task's own length); `task` should be one whose
+    answers fit (see `fitting_task`)."""
+    if max_tokens is None:
+        default_canvas = getattr(runner, "default_canvas", None)
+        max_tokens = default_canvas(task, xargs) if default_canvas else task.gen_length
     items = instances(task, n, seed)
     start = time.perf_counter()
     texts, tokens, steps = runner.run(items, max_tokens, xargs)
