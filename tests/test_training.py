@@ -168,6 +168,16 @@ def test_full_size_share_trains_some_batches_at_the_full_range_without_earning_l
             Curriculum(["copy"], threshold=0.9, full_share=bad)
 
 
+def test_after_batch_feeds_only_batches_at_the_level():
+    cur = Curriculum(["copy"], threshold=0.9)
+    cur.min_observations = 2
+    assert cur.after_batch("copy", False, 1.0) == {"full_size": True} and cur.seen["copy"] == 0
+    assert cur.after_batch("copy", True, None) == {} and cur.seen["copy"] == 0
+    assert cur.after_batch("copy", True, 1.0) == {} and cur.seen["copy"] == 1
+    before = cur.levels["copy"]
+    assert cur.after_batch("copy", True, 1.0) == {"level": cur.levels["copy"]} and cur.levels["copy"] > before
+
+
 def test_full_size_batches_are_logged_and_do_not_count_toward_a_level(tmp_path):
     out = tmp_path / "run"
     common = ["--out", str(out), "--hidden", "64", "--layers", "1", "--heads", "1", "--intermediate", "96",

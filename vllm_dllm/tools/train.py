@@ -532,10 +532,7 @@ def main(argv=None) -> int:
         record = {"step": step, "task": task.name, "loss": round(loss.item(), 4),
                   "answer_accuracy": None if answer_accuracy is None else round(answer_accuracy, 3),
                   "elapsed_s": round(time.time() - start, 1)}
-        if not at_level:
-            record["full_size"] = True
-        if answer_accuracy is not None and at_level and curriculum.observe(task.name, answer_accuracy):
-            record["level"] = curriculum.levels[task.name]
+        record.update(curriculum.after_batch(task.name, at_level, answer_accuracy))
         if step % args.eval_every == 0 or step == args.steps:
             model.eval()
             record["accuracy"] = {t.name: evaluate(model, t, encoder, args.eval_n, seed=1) for t in tasks}

@@ -213,11 +213,7 @@ def train_llada2(args, ap) -> int:
                   "elapsed_s": round(time.time() - start, 1)}
         if grad_scale is not None:
             record["grad_scale"] = round(grad_scale, 3)
-        accuracy = stats["answer_accuracy"]
-        if not at_level:
-            record["full_size"] = True
-        if accuracy is not None and at_level and curriculum.observe(task.name, accuracy):
-            record["level"] = curriculum.levels[task.name]
+        record.update(curriculum.after_batch(task.name, at_level, stats["answer_accuracy"]))
         if step % args.eval_every == 0 or step == args.steps:
             model.eval()
             record["accuracy"] = {

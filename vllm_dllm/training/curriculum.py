@@ -129,6 +129,14 @@ class Curriculum:
         self.running[name], self.seen[name] = 0.0, 0  # earn the next level at the new sizes
         return True
 
+    def after_batch(self, name: str, at_level: bool, accuracy: float | None) -> dict:
+        """Feed one trained batch to its task's level (only batches at the level earn the
+        next one); the fields the training log records for it."""
+        fields: dict = {} if at_level else {"full_size": True}
+        if accuracy is not None and at_level and self.observe(name, accuracy):
+            fields["level"] = self.levels[name]
+        return fields
+
     def estimate(self, name: str) -> float:
         """The running accuracy at the current level, corrected for its start at zero."""
         seen = self.seen[name]
