@@ -10,7 +10,7 @@ block): *fixed* (wrong before, right after), *broke* (right before, wrong after)
 *wrong to wrong*.  The served engine reports only how many tokens a step edited, so
 the edits are traced by the reference decoding loop of tests/oracle_llada2.py, which
 the plugin matches token for token (tests/test_llada2_decoding.py), on held-out
-instances of every task, greedy, for LLaDA2.1's quality and speed modes and a sweep
+instances of every task, asked for what vllm_dllm.eval asks (at least one block), greedy, for LLaDA2.1's quality and speed modes and a sweep
 of the editing threshold over threshold 0.7.  Also reported: exact match, edits per
 request and forwards per request.  Writes results.json and table.md.
 """
@@ -26,7 +26,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the reference loop lives with the tests
 
 from tests.oracle_llada2 import llada2_generate, load_llada2_oracle  # noqa: E402
-from vllm_dllm.eval import instances  # noqa: E402
+from vllm_dllm.eval import canvas_for, instances  # noqa: E402
 from vllm_dllm.options import LLADA2, resolve  # noqa: E402
 from vllm_dllm.server_defaults import ServerDefaults  # noqa: E402
 from vllm_dllm.tasks import resolve_tasks, score  # noqa: E402
@@ -58,18 +58,23 @@ def classify(edits: list[tuple[int, int, int]], target: list[int]) -> dict[str, 
 def run_setting(oracle, encoder, ids: dict, defaults, xargs: dict, tasks, n: int, seed: int) -> list[dict]:
     rows = []
     for task in tasks:
-        options = resolve(defaults, max_tokens=task.gen_length, temperature=0.0, top_p=1.0, top_k=0,
-                          extra_args=dict(xargs))
+        def resolved(max_tokens: int):
+            return resolve(defaults, max_tokens=max_tokens, temperature=0.0, top_p=1.0, top_k=0,
+                           extra_args=dict(xargs))
+
+        # The request size vllm_dllm.eval asks for: at least one block.
+        gen_length = canvas_for(task, resolved(task.gen_length))
+        options = resolved(gen_length)
         totals = {"fixed": 0, "broke": 0, "wrong_to_wrong": 0}
         correct = forwards = edited = 0
         items = instances(task, n, seed)
         for item in items:
             prompt = encoder.prompt(item.prompt)
-            target = extend_to_block(encoder.canvas(item.answer, task.gen_length), len(prompt),
+            target = extend_to_block(encoder.canvas(item.answer, gen_length), len(prompt),
                                      options.block_length, ids["eos"])
             log: list[tuple[int, int, int]] = []
             result = llada2_generate(
-                oracle, prompt, gen_length=task.gen_length, mask_id=ids["mask"], eos_id=ids["eos"],
+                oracle, prompt, gen_length=gen_length, mask_id=ids["mask"], eos_id=ids["eos"],
                 block_length=options.block_length, steps=options.steps, threshold=options.threshold,
                 minimal_topk=options.minimal_topk, editing_threshold=options.editing_threshold,
                 max_post_steps=options.max_post_steps, num_to_transfer=options.num_to_transfer, edit_log=log)
