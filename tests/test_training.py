@@ -168,6 +168,30 @@ def test_full_size_share_trains_some_batches_at_the_full_range_without_earning_l
             Curriculum(["copy"], threshold=0.9, full_share=bad)
 
 
+def test_a_per_task_full_size_share_draws_only_that_task_at_full_size():
+    cur = Curriculum(["multiply", "chain"], threshold=0.9, full_share={"chain": 1.0})
+    rng = random.Random(0)
+    assert not any(cur.draw("chain", 0, rng)[1] for _ in range(20)), "chain at share 1: always full size"
+    before = rng.getstate()
+    assert all(cur.draw("multiply", 0, rng)[1] for _ in range(20)), "multiply has no share"
+    assert rng.getstate() == before
+    with pytest.raises(ValueError, match="not trained"):
+        Curriculum(["copy"], threshold=0.9, full_share={"chain": 0.5})
+    with pytest.raises(ValueError, match="full-size share"):
+        Curriculum(["copy"], threshold=0.9, full_share={"copy": 1.5})
+
+
+def test_full_size_share_flag_reads_one_share_then_per_task_ones():
+    names = ["sort", "multiply", "chain"]
+    assert train.parse_full_shares("0", names) == {"sort": 0.0, "multiply": 0.0, "chain": 0.0}
+    assert train.parse_full_shares("0.5", names) == {"sort": 0.5, "multiply": 0.5, "chain": 0.5}
+    assert train.parse_full_shares("0.5,chain=1", names) == {"sort": 0.5, "multiply": 0.5, "chain": 1.0}
+    assert train.parse_full_shares("multiply=0.8", names) == {"sort": 0.0, "multiply": 0.8, "chain": 0.0}
+    for bad, why in (("copy=1", "names no trained task"), ("chain=x", "is not a number"), ("half", "is not a number")):
+        with pytest.raises(ValueError, match=why):
+            train.parse_full_shares(bad, names)
+
+
 def test_after_batch_feeds_only_batches_at_the_level():
     cur = Curriculum(["copy"], threshold=0.9)
     cur.min_observations = 2
@@ -193,8 +217,9 @@ def test_full_size_batches_are_logged_and_do_not_count_toward_a_level(tmp_path):
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert "full_size" not in log[-1]
     assert torch.load(out / "state.pt", weights_only=False)["curriculum"]["seen"]["addition"] == 1
-    with pytest.raises(SystemExit, match="2"):
-        train.main([*common, "--out", str(tmp_path / "bad"), "--steps", "1", "--full-size-share", "2"])
+    for bad in ("2", "copy=0.5"):
+        with pytest.raises(SystemExit, match="2"):
+            train.main([*common, "--out", str(tmp_path / "bad"), "--steps", "1", "--full-size-share", bad])
 
 
 def test_linear_curriculum_and_no_curriculum():

@@ -263,6 +263,25 @@ def parse_task_values(text: str, names: list[str], what: str) -> dict[str, int]:
     return values
 
 
+def parse_full_shares(text: str, names: list[str]) -> dict[str, float]:
+    """`0.5` (every task) or `0.5,chain=1` (every task, then chain's own) -> a share
+    per trained task."""
+    shares = dict.fromkeys(names, 0.0)
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.rpartition("=")
+        if sep and name not in names:
+            raise ValueError(f"--full-size-share: '{item}' names no trained task ({', '.join(names)})")
+        try:
+            share = float(value)
+        except ValueError:
+            raise ValueError(f"--full-size-share: '{value}' in '{item}' is not a number") from None
+        if sep:
+            shares[name] = share
+        else:
+            shares = {n: share for n in names}
+    return shares
+
+
 def task_cycle(names: list[str], weights: dict[str, int]) -> list[str]:
     """The order tasks take steps in: each name `weights[name]` times (default once),
     interleaved so a heavily weighted task never runs long stretches alone."""
@@ -309,8 +328,12 @@ def export_saved(state_path: pathlib.Path, out: pathlib.Path) -> int:
 
 def make_curriculum(names: list[str], args, ap) -> Curriculum:
     try:
+        shares = parse_full_shares(args.full_size_share, names)
+    except ValueError as exc:
+        ap.error(str(exc))
+    try:
         return Curriculum(names, linear_steps=args.curriculum_steps, threshold=args.curriculum_threshold,
-                          full_share=args.full_size_share)
+                          full_share=shares)
     except ValueError as exc:
         ap.error(f"--curriculum-steps/--curriculum-threshold/--full-size-share: {exc}")
 
@@ -355,9 +378,10 @@ def main(argv=None) -> int:
     ap.add_argument("--curriculum-threshold", type=float, default=0.0,
                     help="adaptive curriculum: raise a task's sizes a tenth of the way whenever its running "
                          "masked-answer accuracy passes this (e.g. 0.9)")
-    ap.add_argument("--full-size-share", type=float, default=0.0,
+    ap.add_argument("--full-size-share", default="0",
                     help="draw this fraction of a task's batches at its full sizes while its curriculum level "
-                         "is below them (those batches do not count toward the next level)")
+                         "is below them (those batches do not count toward the next level): one share, e.g. "
+                         "0.5, or one with per-task ones after it, e.g. 0.5,chain=1")
     ap.add_argument("--tasks", default="retrieval,addition,copy,reverse",
                     help="task names, or all (the original four), hard (sort, multiply, chain, brackets), every")
     ap.add_argument("--task-weights", default="",

@@ -9,13 +9,15 @@ a task's mechanism forms cannot be planned in advance.
 A level caps the sizes a task trains on, so the largest instances are never seen while
 it climbs: a task stuck at a level the eval's full range is far above (multiply's
 four-digit factors at level 0.6) learns nothing of that range.  `full_share` draws
-that fraction of a climbing task's batches at the full range; their accuracy does not
-count toward the next level, which stays earned at the level's own sizes.
+that fraction of a climbing task's batches at the full range (one share for every
+task, or one per task); their accuracy does not count toward the next level, which
+stays earned at the level's own sizes.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 
 from vllm_dllm.tasks import ALL_TASKS, Addition, Brackets, Chain, Copy, Lookup, Multiply, Recall, Retrieval, Sort, Task
 
@@ -86,12 +88,16 @@ class Curriculum:
 
     def __init__(self, names: list[str], *, linear_steps: int = 0, threshold: float = 0.0,
                  increment: float = 0.1, smoothing: float = 0.9, min_observations: int = 8,
-                 full_share: float = 0.0):
+                 full_share: float | Mapping[str, float] = 0.0):
         if linear_steps and threshold:
             raise ValueError("choose a linear or an adaptive curriculum, not both")
-        if not 0.0 <= full_share <= 1.0:
-            raise ValueError(f"the full-size share must be in [0, 1], not {full_share}")
-        self.full_share = full_share
+        shares = dict(full_share) if isinstance(full_share, Mapping) else dict.fromkeys(names, full_share)
+        for name, share in shares.items():
+            if name not in names:
+                raise ValueError(f"a full-size share for '{name}', which is not trained")
+            if not 0.0 <= share <= 1.0:
+                raise ValueError(f"the full-size share must be in [0, 1], not {share}")
+        self.full_shares = {n: shares.get(n, 0.0) for n in names}
         self.linear_steps, self.threshold = linear_steps, threshold
         self.increment, self.smoothing = increment, smoothing
         self.min_observations = min_observations
@@ -113,7 +119,8 @@ class Curriculum:
         batches earn the next level).  `rng` is read only when a full-size share is set,
         so runs without one draw exactly the data they always drew."""
         level = self.level(name, step)
-        if level < 1.0 and self.full_share and rng.random() < self.full_share:
+        share = self.full_shares[name]
+        if level < 1.0 and share and rng.random() < share:
             return task_at(name, 1.0), False
         return task_at(name, level), True
 
