@@ -17,8 +17,9 @@ comma-separated list of names.
 
 Each task is decoded on its own canvas length (`Task.gen_length`), at least one block
 on a block-diffusion checkpoint (below), unless `--max-tokens` lists canvas lengths:
-then every task runs at each of them, on the held-out instances whose answer fits (copy/reverse of 16-48 symbols on a 32-position canvas: 16-32
-symbols; none on 8, reported as n/a).  For lengths of 8, 16, 32 and 56 exact decoding
+then every task runs at each of them, on the held-out instances whose answer fits
+(copy/reverse of 16-48 symbols on a 32-position canvas: 16-32 symbols; none on 8,
+reported as n/a).  For lengths of 8, 16, 32 and 56 exact decoding
 is also the server's default (steps = max_tokens; one block, since a 32-position block
 either equals the canvas or does not divide it), so the sweep measures what a request
 without diffusion options gets; 56 is the shipped model's `max_new_tokens`, the canvas
