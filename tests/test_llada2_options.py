@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.options_fixtures import llada as llada_server
-from vllm_dllm.eval import canvas_for
+from vllm_dllm.eval import canvas_for, served_decoding
 from vllm_dllm.options import LLADA2, OptionError, resolve
 from vllm_dllm.options.llada2 import unsupported_release
 from vllm_dllm.phases import block_causal_phase
@@ -44,6 +44,30 @@ def test_the_eval_asks_a_block_diffusion_model_for_at_least_one_block():
     # LLaDA decodes its canvas exactly as long as asked.
     llada = resolve(llada_server(), max_tokens=8, temperature=0.0, top_p=1.0, top_k=0, extra_args=None)
     assert canvas_for(retrieval, llada) == retrieval.gen_length
+
+
+def test_a_server_describes_its_decoding_on_its_metrics_page():
+    import types
+
+    import prometheus_client
+
+    from vllm_dllm.metrics import DECODING_INFO, decoding_info
+    from vllm_dllm.server_config import RESOLVED_KEY
+
+    def info(defaults):
+        return decoding_info(types.SimpleNamespace(additional_config={RESOLVED_KEY: defaults.to_dict()}))
+
+    llada2 = info(ServerDefaults.build(LLADA2, {"block_length": 16}, {}))
+    assert llada2 == {"kind": "llada2", "block_causal": "true", "block_length": "16"}
+    llada = info(llada_server())
+    assert llada["kind"] == "llada" and llada["block_causal"] == "false"
+    # What a client reads back: the series of the model it asks, none for another.
+    registry = prometheus_client.CollectorRegistry()
+    gauge = prometheus_client.Gauge(DECODING_INFO, "doc", ["model_name", "engine", *llada2], registry=registry)
+    gauge.labels(model_name="m", engine="0", **llada2).set(1)
+    page = prometheus_client.generate_latest(registry).decode()
+    assert served_decoding(page, "m") == {"model_name": "m", "engine": "0", **llada2}
+    assert served_decoding(page, "other") == {}
 
 
 def test_generation_config_then_server_then_request():

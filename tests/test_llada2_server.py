@@ -101,6 +101,22 @@ def test_chat_uses_the_ling_frame(server, client, model_dir):
     assert len(body["choices"][0]["token_ids"]) <= 8
 
 
+def test_eval_decodes_with_the_servers_defaults(server):
+    # The eval against a LLaDA2 server asks for at least one block and sets only what
+    # --xargs sets: LLaDA's exact steps and block_length would change the attention
+    # mask of a block-causal model (vllm_dllm.eval's docstring).
+    from vllm_dllm.eval import ServerRunner
+    from vllm_dllm.tasks import ALL_TASKS, Instance
+
+    runner = ServerRunner(server.base_url, None)
+    assert not runner.exact and runner.block_length == 32
+    assert runner.default_canvas(ALL_TASKS["multiply"], {}) == 32
+    assert runner.default_canvas(ALL_TASKS["multiply"], {"block_length": 8}) == 8
+    assert runner.default_canvas(ALL_TASKS["sort"], {}) == 48
+    body = runner.body(Instance("multiply", "mul 3*4=", "12"), 32, {"threshold": 0.5})
+    assert body["vllm_xargs"] == {"threshold": 0.5} and body["max_tokens"] == 32
+
+
 @pytest.mark.parametrize("xargs, message", [
     ({"cache": "dual"}, "unknown diffusion option 'cache' for llada2 models"),
     ({"mode": "fast"}, "unknown mode 'fast'"),

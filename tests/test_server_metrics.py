@@ -244,6 +244,18 @@ def test_eval_cli_against_a_running_server(server, tmp_path):
     assert 0 < result["denoising_steps"] <= 4 * 8
 
 
+def test_eval_decodes_a_llada_server_exactly(server):
+    # The server describes its decoding on /metrics (LLaDA2: tests/test_llada2_server.py).
+    from vllm_dllm.eval import ServerRunner
+    from vllm_dllm.tasks import ALL_TASKS, Instance
+
+    runner = ServerRunner(server.base_url, None)
+    assert runner.exact
+    assert runner.default_canvas(ALL_TASKS["multiply"], {"block_length": 32}) == 8
+    body = runner.body(Instance("addition", "add 1+2=", "3"), 8, {"remasking": "random"})
+    assert body["vllm_xargs"] == {"steps": 8, "block_length": 8, "remasking": "random"}
+
+
 def test_load_mixed_valid_and_invalid(server, client, tokenizer):
     specs = _valid_specs(tokenizer)
     # References: each valid request alone (spot checks: >= 10 distinct requests).

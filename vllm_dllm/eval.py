@@ -8,8 +8,10 @@ Offline (vLLM's engine with the plugin) by default, or against a running server 
 answer characters in place (partial credit), committed tokens per second and denoising
 steps per token; writes JSON only to `--out`.  The default decoding is exact: steps =
 generation length, one block, low-confidence remasking.  A LLaDA2.x checkpoint
-(offline) decodes with its own defaults instead (LLaDA2.0's threshold rule, blocks of
-32): steps and block_length are not set for it, only what `--xargs` gives.
+decodes with its own defaults instead (LLaDA2.0's threshold rule, blocks of 32): steps
+and block_length are not set for it, only what `--xargs` gives.  Against a server the
+eval learns which it is from the server's vllm:diffusion_decoding_info series on
+/metrics (a server without it is taken for an exact one).
 
 `--task all` is the original four tasks (those the shipped model was trained on);
 `hard` the four of issue 27 (sort, multiply, chain, brackets); `every` both; or a
@@ -113,6 +115,20 @@ def exact_xargs(gen_length: int, xargs: dict) -> dict:
     return {"steps": gen_length, "block_length": gen_length, **xargs}
 
 
+def served_decoding(metrics_text: str, model: str) -> dict[str, str]:
+    """The labels of `model`'s vllm:diffusion_decoding_info series on a server's
+    /metrics page (metrics.DECODING_INFO), or {} where it has none."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from vllm_dllm.metrics import DECODING_INFO
+
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == DECODING_INFO and sample.labels.get("model_name") == model:
+                return dict(sample.labels)
+    return {}
+
+
 def canvas_for(task: Task, options) -> int:
     """`max_tokens` for `task` under a request's resolved options: at least one block
     when decoding is block-causal."""
@@ -205,6 +221,29 @@ class ServerRunner:
         self.session = requests.Session()
         self.base = base_url.rstrip("/")
         self.model = model or self.session.get(f"{self.base}/v1/models").json()["data"][0]["id"]
+        info = served_decoding(self.session.get(f"{self.base}/metrics").text, self.model)
+        # A server that does not describe its decoding is taken for an exact one (LLaDA,
+        # Dream), as every server was before the description existed.
+        self.exact = info.get("block_causal") != "true"
+        self.block_length = int(info["block_length"]) if info.get("block_length") else None
+
+    def default_canvas(self, task: Task, xargs: dict) -> int:
+        """As OfflineRunner's: at least one block from a block-diffusion server, the
+        request's `block_length` if it sets one, else the server's default."""
+        if self.exact:
+            return task.gen_length
+        block_length = xargs.get("block_length", self.block_length)
+        return max(task.gen_length, block_length) if block_length else task.gen_length
+
+    def body(self, item: Instance, max_tokens: int, xargs: dict) -> dict:
+        """The chat completion request for one instance."""
+        return {
+            "model": self.model,
+            "messages": [{"role": "user", "content": item.prompt}],
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "vllm_xargs": exact_xargs(max_tokens, xargs) if self.exact else dict(xargs),
+        }
 
     def _steps(self) -> float | None:
         text = self.session.get(f"{self.base}/metrics").text
@@ -222,13 +261,7 @@ class ServerRunner:
         before = self._steps()
 
         def one(item: Instance):
-            body = {
-                "model": self.model,
-                "messages": [{"role": "user", "content": item.prompt}],
-                "max_tokens": max_tokens,
-                "temperature": 0.0,
-                "vllm_xargs": exact_xargs(max_tokens, xargs),
-            }
+            body = self.body(item, max_tokens, xargs)
             resp = self.session.post(f"{self.base}/v1/chat/completions", json=body, timeout=600)
             resp.raise_for_status()
             data = resp.json()

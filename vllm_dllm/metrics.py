@@ -102,6 +102,24 @@ _GAUGES = {
 }
 _BUCKETS = (1, 8, 32, 128, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
+# An info series, as vLLM's vllm:cache_config_info: value 1, the facts in its labels.
+# Clients read it to decode as the server does by default (vllm_dllm.eval's
+# ServerRunner: a block-diffusion model is asked for at least one block).
+DECODING_INFO = "vllm:diffusion_decoding_info"
+
+
+def decoding_info(vllm_config) -> dict[str, str]:
+    """The served model's kind and default blocks, as label values."""
+    from vllm_dllm.server_config import BLOCK_CAUSAL_KINDS, server_defaults
+
+    defaults = server_defaults(vllm_config)
+    block_length = defaults.overrides.get("block_length")
+    return {
+        "kind": defaults.kind,
+        "block_causal": str(defaults.kind in BLOCK_CAUSAL_KINDS).lower(),
+        "block_length": "" if block_length is None else str(block_length),
+    }
+
 
 class DiffusionStatLogger(StatLoggerBase):
     """Registered as a stat-logger plugin; active only when a diffusion model is served."""
@@ -114,6 +132,7 @@ class DiffusionStatLogger(StatLoggerBase):
             "model_name": vllm_config.model_config.served_model_name if self.active else "",
             "engine": str(engine_index),
         }
+        self.info = decoding_info(vllm_config) if self.active else {}
         self.counters = None
 
     def _register(self) -> None:
@@ -143,6 +162,9 @@ class DiffusionStatLogger(StatLoggerBase):
             names,
             buckets=_BUCKETS,
         ).labels(**labels)
+        info = {**labels, **self.info}
+        _metric(prometheus_client.Gauge, DECODING_INFO, "The served model's kind and default decoding blocks.",
+                list(info)).labels(**info).set(1)
 
     def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
         if not self.active or scheduler_stats is None:
