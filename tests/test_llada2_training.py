@@ -198,6 +198,20 @@ def test_checkpoint_is_a_llada2_release_folder(trained):
         assert (exported / name).read_bytes() == (model_dir / name).read_bytes(), name
 
 
+def test_a_run_starts_from_a_llada2_checkpoint_folder(trained, tmp_path):
+    # What carries a run between machines when only git does: the exported folder.
+    from safetensors.torch import load_file
+
+    second = tmp_path / "second"
+    assert train.main(["--arch", "llada2", "--out", str(second), *SIZES, "--tasks", "addition", "--steps", "0",
+                       "--init-from", str(trained / "model")]) == 0
+    exported = load_file(str(trained / "model" / "model.safetensors"))
+    started = torch.load(second / "state.pt", weights_only=False)["model"]
+    assert set(started) == set(exported)
+    for name, weight in exported.items():
+        assert torch.equal(started[name], weight.float()), name
+
+
 def test_oracle_logits_equal_the_training_forward(trained):
     # The oracle reads only the folder; the training model reads the saved state.  Both
     # float32, one whole-window block-causal forward: they differ by the order of float
