@@ -1,0 +1,153 @@
+"""What a LLaDA2-format task model answers on chain (two-hop retrieval), by kind of error,
+through the plugin at the eval's default decoding.
+
+    python benchmarks/llada2_chain_errors.py --model DIR [--n 200] [--out DIR]
+
+A chain answer is the queried link's hub, "=", and the hub's two-capital value
+("C=XY"): the hub is the first hop (retrieval's lookup), the value the second (find
+the hub in the hub table, read the two capitals after it).  Each answer is classed:
+correct; a wrong hub (another hub, or no hub at all); or, with the right hub, the value
+of another hub, a first letter from the link table, the second letter alone wrong, or
+another value.
+
+"A first letter from the link table" tests one hypothesis about why the second hop
+stalls (docs/training-log.md, session 23).  The value's first capital X is the token
+two after the hub in the hub table (";" "C" "=" "X" "Y"), and the answer repeats that
+shape ("C" "=" "X" "Y").  But in the link table (";ab=" "C" ";cd=" "E") the capital
+two after a link's hub is the next link's hub: a capital, where the model's answer
+reads capitals, two after C.  A second hop that matches "two after the hub" alone,
+without the "=" between, reads those.  The benchmark counts wrong first letters that
+are such link-table capitals, and how many a wrong capital drawn at random would be
+(the sum over those answers of the share of the other 25 capitals they make up).
+Writes results.json and table.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+import string
+import sys
+from collections import Counter
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from vllm_dllm.eval import OfflineRunner, instances  # noqa: E402
+from vllm_dllm.tasks import ALL_TASKS, Instance  # noqa: E402
+
+CLASSES = (
+    "correct",
+    "wrong hub: another hub",
+    "wrong hub: not a hub",
+    "right hub, malformed value",
+    "right hub, another hub's value",
+    "right hub, first letter from the link table",
+    "right hub, second letter alone wrong",
+    "right hub, other value",
+)
+SIZES = ((20, 34), (35, 47), (48, 60))  # pairs per instance, the eval's range in thirds
+
+
+def parse(prompt: str) -> tuple[list[tuple[str, str]], dict[str, str], str]:
+    """(links in order as (key, hub), hub -> value, queried key) of a chain prompt."""
+    _, link_line, hub_line, query_line = prompt.split("\n")
+    links = re.findall(r";([a-z]{2})=([A-Z])", link_line)
+    hubs = dict(re.findall(r";([A-Z])=([A-Z]{2})", hub_line))
+    return links, hubs, query_line.removeprefix("follow;").rstrip("=")
+
+
+def link_table_capitals(links: list[tuple[str, str]], hub: str) -> set[str]:
+    """The capitals two tokens after `hub` in the link table: the next link's hub,
+    wherever a link names `hub`."""
+    return {links[i + 1][1] for i in range(len(links) - 1) if links[i][1] == hub}
+
+
+def classify(instance: Instance, predicted: str) -> tuple[str, float]:
+    """(class, chance): the answer's class, and for a wrong first letter the chance a
+    random other capital is a link-table capital (0 otherwise)."""
+    links, hubs, query = parse(instance.prompt)
+    hub = dict(links)[query]
+    value = hubs[hub]
+    predicted = predicted.strip()
+    if predicted == instance.answer:
+        return "correct", 0.0
+    if not predicted.startswith(hub):
+        return ("wrong hub: another hub" if predicted[:1] in hubs else "wrong hub: not a hub"), 0.0
+    match = re.fullmatch(r"=([A-Z]{2})", predicted[len(hub):])
+    if match is None:
+        return "right hub, malformed value", 0.0
+    given = match.group(1)
+    if given in {v for h, v in hubs.items() if h != hub} and given != value:
+        return "right hub, another hub's value", 0.0
+    if given[0] != value[0]:
+        distractors = link_table_capitals(links, hub) - {value[0]}
+        chance = len(distractors) / (len(string.ascii_uppercase) - 1)
+        if given[0] in distractors:
+            return "right hub, first letter from the link table", chance
+        return "right hub, other value", chance
+    return "right hub, second letter alone wrong", 0.0
+
+
+def size_bucket(instance: Instance) -> str:
+    links, hubs, _ = parse(instance.prompt)
+    pairs = len(links) + len(hubs)
+    return next(f"{lo}-{hi}" for lo, hi in SIZES if lo <= pairs <= hi)
+
+
+def tally(items: list[Instance], texts: list[str]) -> dict:
+    by_size: dict[str, Counter] = {f"{lo}-{hi}": Counter() for lo, hi in SIZES}
+    overall: Counter = Counter()
+    expected = 0.0
+    for item, text in zip(items, texts):
+        kind, chance = classify(item, text)
+        overall[kind] += 1
+        by_size[size_bucket(item)][kind] += 1
+        expected += chance
+    return {"n": len(items), "classes": {k: overall[k] for k in CLASSES},
+            "by_pairs": {size: {k: c[k] for k in CLASSES} for size, c in by_size.items()},
+            "wrong_first_letters_from_the_link_table_by_chance": round(expected, 2)}
+
+
+def table(result: dict) -> str:
+    sizes = list(result["by_pairs"])
+    lines = [f"| class | all (n = {result['n']}) | " + " | ".join(f"{s} pairs" for s in sizes) + " |",
+             "|---|---|" + "---|" * len(sizes)]
+    for kind in CLASSES:
+        cells = [str(result["by_pairs"][s][kind]) for s in sizes]
+        lines.append(f"| {kind} | {result['classes'][kind]} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("Wrong first letters that a random other capital would put in the link table: "
+                 f"{result['wrong_first_letters_from_the_link_table_by_chance']} expected, "
+                 f"{result['classes']['right hub, first letter from the link table']} observed.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0, help="the eval's instances for the same seed")
+    ap.add_argument("--xargs", default="{}", help="decoding options, as vllm_dllm.eval's")
+    ap.add_argument("--out", type=pathlib.Path, default=None)
+    args = ap.parse_args(argv)
+    xargs = json.loads(args.xargs)
+    chain = ALL_TASKS["chain"]
+    runner = OfflineRunner(args.model, dict(max_model_len=512, max_num_seqs=32, kv_cache_memory_bytes=512 << 20,
+                                            gpu_memory_utilization=0.3))
+    items = instances(chain, args.n, args.seed)
+    texts, _, _ = runner.run(items, runner.default_canvas(chain, xargs), xargs)
+    result = {"model": args.model, "seed": args.seed, "xargs": xargs, **tally(items, texts)}
+    print(table(result), end="")
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+        (args.out / "table.md").write_text(table(result))
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
