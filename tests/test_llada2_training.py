@@ -212,6 +212,28 @@ def test_a_run_starts_from_a_llada2_checkpoint_folder(trained, tmp_path):
         assert torch.equal(started[name], weight.float()), name
 
 
+def test_an_exported_folder_carries_its_runs_curriculum_levels(trained, tmp_path):
+    import shutil
+
+    from vllm_dllm.training.curriculum import Curriculum
+
+    adaptive = Curriculum(["addition", "multiply"], threshold=0.9)
+    adaptive.levels.update(addition=0.3, multiply=0.6)
+    state = torch.load(trained / "state.pt", weights_only=False)
+    state["curriculum"] = adaptive.state_dict()
+    torch.save(state, tmp_path / "state.pt")
+    shutil.copytree(trained / "tokenizer", tmp_path / "tokenizer")
+    folder = tmp_path / "exported"
+    assert train.main(["--out", str(tmp_path), "--export", str(folder)]) == 0
+    saved = json.loads((folder / train.CURRICULUM_FILE).read_text())
+    assert saved["levels"] == {"addition": 0.3, "multiply": 0.6}
+    second = tmp_path / "second"
+    assert train.main(["--arch", "llada2", "--out", str(second), *SIZES, "--tasks", "addition,brackets",
+                       "--curriculum-threshold", "0.9", "--steps", "0", "--init-from", str(folder)]) == 0
+    levels = torch.load(second / "state.pt", weights_only=False)["curriculum"]["levels"]
+    assert levels == {"addition": 0.3, "brackets": 0.0}
+
+
 def test_oracle_logits_equal_the_training_forward(trained):
     # The oracle reads only the folder; the training model reads the saved state.  Both
     # float32, one whole-window block-causal forward: they differ by the order of float

@@ -338,20 +338,27 @@ def make_curriculum(names: list[str], args, ap) -> Curriculum:
         ap.error(f"--curriculum-steps/--curriculum-threshold/--full-size-share: {exc}")
 
 
+# Beside an exported checkpoint's weights: the curriculum levels of the run that wrote
+# it (vLLM ignores the file), so a run started from the folder keeps them.
+CURRICULUM_FILE = "curriculum.json"
+
+
 def init_from(state_path: pathlib.Path, model, curriculum: Curriculum) -> None:
     """Load another run's weights, and its task levels when both runs grow sizes
     adaptively (levels say what the model has learned, so they carry over).  A
     checkpoint folder (model.safetensors, e.g. the shipped vllm_dllm/default_model)
-    gives weights only, upcast to float32."""
+    gives its weights upcast to float32, and levels where it holds CURRICULUM_FILE."""
     if state_path.is_dir():
         from safetensors.torch import load_file
 
         weights = load_file(str(state_path / "model.safetensors"))
         model.load_state_dict({k: v.float() for k, v in weights.items()})
-        return
-    state = load_state(state_path)
-    model.load_state_dict(state["model"])
-    saved = state.get("curriculum")
+        levels_file = state_path / CURRICULUM_FILE
+        saved = json.loads(levels_file.read_text()) if levels_file.exists() else None
+    else:
+        state = load_state(state_path)
+        model.load_state_dict(state["model"])
+        saved = state.get("curriculum")
     # States saved before curricula recorded their settings came from adaptive runs.
     if saved and curriculum.threshold and saved.get("settings", {"threshold": 1}).get("threshold"):
         curriculum.levels.update({n: v for n, v in saved["levels"].items() if n in curriculum.levels})

@@ -18,6 +18,7 @@ import torch
 from vllm_dllm.tasks import TEST, Task, resolve_tasks, score
 from vllm_dllm.tools.train import (
     BATCH_SIZES,
+    CURRICULUM_FILE,
     Encoder,
     Llada2Encoder,
     init_from,
@@ -65,18 +66,22 @@ def export_saved_llada2(state: dict, state_path: pathlib.Path, out: pathlib.Path
     saved = state["args"]
     model, _, shape, moe = saved_llada2_model(state, state_path)
     export_llada2(model, out, shape, moe, int(saved["max_len"]), resolve_tasks(saved["tasks"]),
-                  saved.get("checkpoint_dtype", "bfloat16"))
+                  saved.get("checkpoint_dtype", "bfloat16"), state.get("curriculum"))
     return state["step"]
 
 
 def export_llada2(model, out: pathlib.Path, shape: dict, moe: dict, max_len: int, tasks: list[Task],
-                  dtype: str = "bfloat16") -> None:
-    """An unmodified LLaDA2 checkpoint whose default canvas fits every task's answer."""
+                  dtype: str = "bfloat16", curriculum: dict | None = None) -> None:
+    """An unmodified LLaDA2 checkpoint whose default canvas fits every task's answer,
+    with the run's curriculum levels beside it (CURRICULUM_FILE) when it has them."""
     from vllm_dllm.training.llada2 import write_llada2_checkpoint
 
     cpu_weights = {k: v.cpu() for k, v in model.state_dict().items()}
     write_llada2_checkpoint(out, cpu_weights, shape, moe, max_len=max_len, dtype=getattr(torch, dtype),
                             generation={"max_new_tokens": max(t.gen_length for t in tasks)})
+    if curriculum is not None:
+        kept = {"settings": curriculum.get("settings"), "levels": curriculum["levels"]}
+        (out / CURRICULUM_FILE).write_text(json.dumps(kept, indent=2, sort_keys=True) + "\n")
 
 
 @torch.no_grad()
@@ -234,6 +239,7 @@ def train_llada2(args, ap) -> int:
         if step % args.save_every == 0:
             save_state(state_path, model, optim, data_rng, noise, step, args, curriculum, **balance_state(task_balance))
     save_state(state_path, model, optim, data_rng, noise, step, args, curriculum, **balance_state(task_balance))
-    export_llada2(model, args.out / "model", shape, moe, args.max_len, tasks, args.checkpoint_dtype)
+    export_llada2(model, args.out / "model", shape, moe, args.max_len, tasks, args.checkpoint_dtype,
+                  curriculum.state_dict())
     print(f"wrote {args.out / 'model'} after {step} steps", flush=True)
     return 0
