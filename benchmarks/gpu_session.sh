@@ -14,7 +14,8 @@
 #   bash benchmarks/gpu_session.sh train   # issue 27's converted LLaDA2 run on CUDA for
 #                                          #  TRAIN_MINUTES (default 8): resumed on the same warm
 #                                          #  machine, else from TRAIN_FROM (carried weights.pt of
-#                                          #  `train --export-weights`), else converted anew; brings
+#                                          #  `train --export-weights`), else from the shipped
+#                                          #  vllm_dllm/llada2_model, else converted anew; brings
 #                                          #  back the checkpoint (bf16), the log and weights.pt
 #   bash benchmarks/gpu_session.sh train-matrix  # issue 27 on one call: the main LLaDA2 run
 #                                          #  (every task, lookup, retrieval-weighted, balanced
@@ -76,8 +77,11 @@ train)
     # levels; the full state is over the 64 MiB a call carries); else converted anew
     # from the shipped LLaDA model.  It brings back the bf16 checkpoint, the log and
     # weights.pt, which the next session's --init-from (CPU or GPU) continues from.
+    # Without TRAIN_FROM it continues the LLaDA2 model the package ships (its weights and
+    # curriculum levels: the lineage git carries), or converts the LLaDA model if none.
     if [ -f "$runs/gpu-conv/state.pt" ]; then start=(--resume)
     elif [ -n "${TRAIN_FROM:-}" ]; then start=(--init-from "$TRAIN_FROM")
+    elif [ -f vllm_dllm/llada2_model/model.safetensors ]; then start=(--init-from vllm_dllm/llada2_model)
     else start=(--init-from vllm_dllm/default_model); fi
     # Three times the CPU run's rows per step (--batch-scale 2 against 0.67): a step of this
     # model is kernel launches, so on an H200 it still ran at ~8.7 steps/s (session 19).

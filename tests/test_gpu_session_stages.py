@@ -55,7 +55,8 @@ def test_train_continues_the_converted_run_and_brings_back_what_continues_it(tmp
     first = _run("train", tmp_path / "out1", RUNS_DIR=str(tmp_path / "runs"), **quick)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     got = _unpack(tmp_path / "out1", "train", tmp_path / "got1")
-    assert "initialised from vllm_dllm/default_model" in (got / "train.log").read_text()
+    # The lineage git carries: the shipped LLaDA2 model.
+    assert "initialised from vllm_dllm/llada2_model" in (got / "train.log").read_text()
     assert (got / "model" / "config.json").exists() and (got / "model" / "model.safetensors").exists()
     assert '"step": 1,' in (got / "train_log.jsonl").read_text()
     # On the same warm machine the next call resumes the run.

@@ -1,0 +1,3 @@
+from vllm_dllm.llada2_model import PATH
+
+print(PATH)
