@@ -58,3 +58,16 @@ def close_engine(llm) -> None:
 def random_prompt(rng: random.Random, length: int, vocab_low: int = 3, vocab_high: int = 250) -> list[int]:
     """Prompt ids drawn from plain (non-special) tokens of the small vocab."""
     return [rng.randrange(vocab_low, vocab_high) for _ in range(length)]
+
+
+def benchmark_module(name: str):
+    """benchmarks/<name>.py loaded as a module (benchmarks/ is not a package), for the
+    tests of its pure parts."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -3,25 +3,19 @@ the queried pair, and a matching head scores 1 where a uniform one scores chance
 
 from __future__ import annotations
 
-import importlib.util
 import random
-from pathlib import Path
 
 import torch
 
+from tests.conftest import benchmark_module
 from vllm_dllm.tasks import TEST, Retrieval
 from vllm_dllm.tools.train import Llada2Encoder
 from vllm_dllm.training import llada2
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _probe():
-    spec = importlib.util.spec_from_file_location("llada2_attention_probe",
-                                                  ROOT / "benchmarks" / "llada2_attention_probe.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("llada2_attention_probe")
 
 
 def test_attention_weights_are_what_the_forward_attends_with():

@@ -4,22 +4,17 @@ table's value does (two tokens after the hub)."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
-from pathlib import Path
 
 import pytest
 
+from tests.conftest import benchmark_module
 from vllm_dllm.tasks import ALL_TASKS, TEST, Instance
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _benchmark():
-    spec = importlib.util.spec_from_file_location("llada2_chain_errors", ROOT / "benchmarks" / "llada2_chain_errors.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("llada2_chain_errors")
 
 
 # Links ab and ef name hub C; the links after them name E and D: C's link-table capitals.

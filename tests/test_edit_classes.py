@@ -3,22 +3,17 @@ reference loop's edit trace it reads (tests/oracle_llada2.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 from pathlib import Path
 
-from tests.conftest import random_prompt
+from tests.conftest import benchmark_module, random_prompt
 from tests.oracle_llada2 import llada2_generate, load_llada2_oracle
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _benchmark():
-    spec = importlib.util.spec_from_file_location("llada2_edits", ROOT / "benchmarks" / "llada2_edits.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("llada2_edits")
 
 
 def test_an_edit_is_fixed_broke_or_wrong_to_wrong_against_the_answer():
