@@ -212,7 +212,8 @@ def test_a_run_starts_from_a_llada2_checkpoint_folder(trained, tmp_path):
         assert torch.equal(started[name], weight.float()), name
 
 
-def test_an_exported_folder_carries_its_runs_curriculum_levels(trained, tmp_path):
+@pytest.mark.parametrize("records_settings", [True, False], ids=["current-state", "state-without-settings"])
+def test_an_exported_folder_carries_its_runs_curriculum_levels(trained, tmp_path, records_settings):
     import shutil
 
     from vllm_dllm.training.curriculum import Curriculum
@@ -221,12 +222,16 @@ def test_an_exported_folder_carries_its_runs_curriculum_levels(trained, tmp_path
     adaptive.levels.update(addition=0.3, multiply=0.6)
     state = torch.load(trained / "state.pt", weights_only=False)
     state["curriculum"] = adaptive.state_dict()
+    if not records_settings:
+        # States saved before curricula recorded their settings (all from adaptive runs).
+        del state["curriculum"]["settings"]
     torch.save(state, tmp_path / "state.pt")
     shutil.copytree(trained / "tokenizer", tmp_path / "tokenizer")
     folder = tmp_path / "exported"
     assert train.main(["--out", str(tmp_path), "--export", str(folder)]) == 0
     saved = json.loads((folder / train.CURRICULUM_FILE).read_text())
     assert saved["levels"] == {"addition": 0.3, "multiply": 0.6}
+    assert ("settings" in saved) == records_settings, "no settings are written as null"
     second = tmp_path / "second"
     assert train.main(["--arch", "llada2", "--out", str(second), *SIZES, "--tasks", "addition,brackets",
                        "--curriculum-threshold", "0.9", "--steps", "0", "--init-from", str(folder)]) == 0

@@ -360,7 +360,7 @@ def init_from(state_path: pathlib.Path, model, curriculum: Curriculum) -> None:
         model.load_state_dict(state["model"])
         saved = state.get("curriculum")
     # States saved before curricula recorded their settings came from adaptive runs.
-    if saved and curriculum.threshold and saved.get("settings", {"threshold": 1}).get("threshold"):
+    if saved and curriculum.threshold and (saved.get("settings") or {"threshold": 1}).get("threshold"):
         curriculum.levels.update({n: v for n, v in saved["levels"].items() if n in curriculum.levels})
 
 

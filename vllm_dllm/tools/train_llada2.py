@@ -80,7 +80,9 @@ def export_llada2(model, out: pathlib.Path, shape: dict, moe: dict, max_len: int
     write_llada2_checkpoint(out, cpu_weights, shape, moe, max_len=max_len, dtype=getattr(torch, dtype),
                             generation={"max_new_tokens": max(t.gen_length for t in tasks)})
     if curriculum is not None:
-        kept = {"settings": curriculum.get("settings"), "levels": curriculum["levels"]}
+        kept = {"levels": curriculum["levels"]}
+        if curriculum.get("settings") is not None:
+            kept["settings"] = curriculum["settings"]
         (out / CURRICULUM_FILE).write_text(json.dumps(kept, indent=2, sort_keys=True) + "\n")
 
 
