@@ -19,6 +19,17 @@ reads capitals, two after C.  A second hop that matches "two after the hub" alon
 without the "=" between, reads those.  The benchmark counts wrong first letters that
 are such link-table capitals, and how many a wrong capital drawn at random would be
 (the sum over those answers of the share of the other 25 capitals they make up).
+"Another hub's value" answers are split by which hub they read: the row next to the
+right hub in the hub table (a second hop that lands one row off), the hub of a link
+next to the queried one in the link table (a value read from a first hop that landed
+one link off, not from the hub the answer wrote), or another hub; beside each, how
+many a hub drawn at random from the others would give.
+
+The instances are answered twice: as the eval asks them, and with the right hub and its
+"=" already written where the answer starts (appended to the chat-framed prompt, so the
+canvas opens at the value, in the same block as the hub: what decoding sees once it has
+committed the hub).  If the hub-given run fixes most wrong values, they came from the
+decoding order (the value committed before its hub); if not, from the second hop itself.
 Writes results.json and table.md.
 """
 
@@ -48,6 +59,7 @@ CLASSES = (
     "right hub, second letter alone wrong",
     "right hub, other value",
 )
+RELATIONS = ("next row in the hub table", "hub of a neighbouring link", "another hub")
 SIZES = ((20, 34), (35, 47), (48, 60))  # pairs per instance, the eval's range in thirds
 
 
@@ -91,6 +103,30 @@ def classify(instance: Instance, predicted: str) -> tuple[str, float]:
     return "right hub, second letter alone wrong", 0.0
 
 
+def other_hub_relation(instance: Instance, given: str) -> tuple[str, dict[str, float]]:
+    """For an answer with the right hub and another hub's value: how the hub it read
+    relates to the right one, and the chance of each relation for a random other hub."""
+    links, hubs, query = parse(instance.prompt)
+    order = list(hubs)
+    hub = dict(links)[query]
+    row = order.index(hub)
+    next_rows = {order[i] for i in (row - 1, row + 1) if 0 <= i < len(order)} - {hub}
+    at = [k for k, _ in links].index(query)
+    neighbour_links = {links[i][1] for i in (at - 1, at + 1) if 0 <= i < len(links)} - {hub}
+    others = [h for h in order if h != hub]
+    read = {h for h in others if hubs[h] == given}
+    chance = {
+        RELATIONS[0]: len(next_rows) / len(others),
+        RELATIONS[1]: len(neighbour_links - next_rows) / len(others),
+    }
+    chance[RELATIONS[2]] = 1.0 - chance[RELATIONS[0]] - chance[RELATIONS[1]]
+    if read & next_rows:
+        return RELATIONS[0], chance
+    if read & neighbour_links:
+        return RELATIONS[1], chance
+    return RELATIONS[2], chance
+
+
 def size_bucket(instance: Instance) -> str:
     links, hubs, _ = parse(instance.prompt)
     pairs = len(links) + len(hubs)
@@ -100,15 +136,24 @@ def size_bucket(instance: Instance) -> str:
 def tally(items: list[Instance], texts: list[str]) -> dict:
     by_size: dict[str, Counter] = {f"{lo}-{hi}": Counter() for lo, hi in SIZES}
     overall: Counter = Counter()
+    relations: Counter = Counter()
+    relations_by_chance = dict.fromkeys(RELATIONS, 0.0)
     expected = 0.0
     for item, text in zip(items, texts):
         kind, chance = classify(item, text)
         overall[kind] += 1
         by_size[size_bucket(item)][kind] += 1
         expected += chance
+        if kind == "right hub, another hub's value":
+            relation, chances = other_hub_relation(item, text.strip().split("=")[1])
+            relations[relation] += 1
+            for name, p in chances.items():
+                relations_by_chance[name] += p
     return {"n": len(items), "classes": {k: overall[k] for k in CLASSES},
             "by_pairs": {size: {k: c[k] for k in CLASSES} for size, c in by_size.items()},
-            "wrong_first_letters_from_the_link_table_by_chance": round(expected, 2)}
+            "wrong_first_letters_from_the_link_table_by_chance": round(expected, 2),
+            "another_hubs_value_read_from": {k: relations[k] for k in RELATIONS},
+            "another_hubs_value_read_from_by_chance": {k: round(v, 2) for k, v in relations_by_chance.items()}}
 
 
 def table(result: dict) -> str:
@@ -122,7 +167,39 @@ def table(result: dict) -> str:
     lines.append("Wrong first letters that a random other capital would put in the link table: "
                  f"{result['wrong_first_letters_from_the_link_table_by_chance']} expected, "
                  f"{result['classes']['right hub, first letter from the link table']} observed.")
+    given = result.get("hub_given")
+    if given is not None:
+        lines += ["", f"With the right hub written first: {given['correct']} of {result['n']} correct; "
+                  f"{given['fixed']} of the {result['n'] - result['classes']['correct']} wrong answers above are "
+                  f"right then, {given['broken']} right answers above are wrong then."]
+    lines += ["", "| another hub's value, read from | observed | a random other hub |", "|---|---|---|"]
+    for name in RELATIONS:
+        lines.append(f"| {name} | {result['another_hubs_value_read_from'][name]} | "
+                     f"{result['another_hubs_value_read_from_by_chance'][name]} |")
     return "\n".join(lines) + "\n"
+
+
+def hub_given(runner, items: list[Instance], texts: list[str], canvas: int, xargs: dict) -> dict:
+    """The same instances with each right hub and "=" written after the prompt: how many
+    are right, and how many the plain run got wrong (fixed) or right (broken)."""
+    from vllm import SamplingParams
+
+    from vllm_dllm.eval import exact_xargs
+
+    heads = [item.answer.split("=")[0] + "=" for item in items]
+    prompts = [runner.prompt_ids(item.prompt) + list(runner.tokenizer.encode(head, add_special_tokens=False))
+               for item, head in zip(items, heads)]
+    extra = exact_xargs(canvas, xargs) if runner.exact else dict(xargs)
+    params = SamplingParams(max_tokens=canvas, temperature=0.0, extra_args=extra)
+    outs = runner.generate(prompts, params)
+    return compare_hub_given(items, texts, [head + out.text for head, out in zip(heads, outs)])
+
+
+def compare_hub_given(items: list[Instance], texts: list[str], given_texts: list[str]) -> dict:
+    plain = [classify(i, t)[0] == "correct" for i, t in zip(items, texts)]
+    given = [classify(i, t)[0] == "correct" for i, t in zip(items, given_texts)]
+    return {"correct": sum(given), "fixed": sum(g and not p for p, g in zip(plain, given)),
+            "broken": sum(p and not g for p, g in zip(plain, given))}
 
 
 def main(argv=None) -> int:
@@ -138,8 +215,10 @@ def main(argv=None) -> int:
     runner = OfflineRunner(args.model, dict(max_model_len=512, max_num_seqs=32, kv_cache_memory_bytes=512 << 20,
                                             gpu_memory_utilization=0.3))
     items = instances(chain, args.n, args.seed)
-    texts, _, _ = runner.run(items, runner.default_canvas(chain, xargs), xargs)
-    result = {"model": args.model, "seed": args.seed, "xargs": xargs, **tally(items, texts)}
+    canvas = runner.default_canvas(chain, xargs)
+    texts, _, _ = runner.run(items, canvas, xargs)
+    result = {"model": args.model, "seed": args.seed, "xargs": xargs, **tally(items, texts),
+              "hub_given": hub_given(runner, items, texts, canvas, xargs)}
     print(table(result), end="")
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
