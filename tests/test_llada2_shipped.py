@@ -1,6 +1,6 @@
 """The shipped LLaDA2 task model (vllm_dllm/llada2_model): a LLaDA2 checkpoint that the
 plugin serves and that answers the tasks it has learned.  The floors sit well under its
-recorded accuracy (benchmarks/results/llada2-shipped/: copy 100%, retrieval 98.5% at
+recorded accuracy (benchmarks/results/llada2-shipped/: copy 100%, retrieval 100% at
 n = 200) and far above chance, so an export that broke the weights, the tokenizer or
 the chat frame fails, and numerics that differ by CPU do not."""
 
