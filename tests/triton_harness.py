@@ -22,7 +22,13 @@ import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+# Triton arrives with vLLM (through xgrammar on the CPU build, with torch on CUDA), so
+# `make test` always has it; this skip fires only in an install without vLLM's deps.
+needs_triton = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None,
+    reason="triton not installed: the Triton kernels' interpreted and compiled cases cannot run "
+           "(the backend is used only on CUDA, where vLLM installs triton)",
+)
 
 # The compiled (non-interpreted) runs need a GPU; on a CPU-only machine the same cases
 # have run under TRITON_INTERPRET=1, so these skips lose no coverage the CPU can give.
