@@ -182,16 +182,10 @@ def table(result: dict) -> str:
 def hub_given(runner, items: list[Instance], texts: list[str], canvas: int, xargs: dict) -> dict:
     """The same instances with each right hub and "=" written after the prompt: how many
     are right, and how many the plain run got wrong (fixed) or right (broken)."""
-    from vllm import SamplingParams
-
-    from vllm_dllm.eval import exact_xargs
-
     heads = [item.answer.split("=")[0] + "=" for item in items]
     prompts = [runner.prompt_ids(item.prompt) + list(runner.tokenizer.encode(head, add_special_tokens=False))
                for item, head in zip(items, heads)]
-    extra = exact_xargs(canvas, xargs) if runner.exact else dict(xargs)
-    params = SamplingParams(max_tokens=canvas, temperature=0.0, extra_args=extra)
-    outs = runner.generate(prompts, params)
+    outs = runner.complete(prompts, canvas, xargs)
     return compare_hub_given(items, texts, [head + out.text for head, out in zip(heads, outs)])
 
 

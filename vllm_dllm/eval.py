@@ -201,13 +201,17 @@ class OfflineRunner:
                     done[out.request_id] = out
         return [done[req_id].outputs[0] for req_id in order]
 
-    def run(self, items: list[Instance], max_tokens: int, xargs: dict) -> tuple[list[str], int, int | None]:
+    def complete(self, prompts: list[list[int]], max_tokens: int, xargs: dict) -> list:
+        """Greedy completions of token-id prompts under the eval's decoding options."""
         from vllm import SamplingParams
 
         extra = exact_xargs(max_tokens, xargs) if self.exact else dict(xargs)
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, extra_args=extra)
+        return self.generate(prompts, params)
+
+    def run(self, items: list[Instance], max_tokens: int, xargs: dict) -> tuple[list[str], int, int | None]:
         before = self._steps()
-        outs = self.generate([self.prompt_ids(item.prompt) for item in items], params)
+        outs = self.complete([self.prompt_ids(item.prompt) for item in items], max_tokens, xargs)
         tokens = sum(len(o.token_ids) for o in outs)
         return [o.text for o in outs], tokens, int(self._steps() - before)
 
