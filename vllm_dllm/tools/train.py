@@ -343,22 +343,24 @@ def make_curriculum(names: list[str], args, ap) -> Curriculum:
 CURRICULUM_FILE = "curriculum.json"
 
 
-def init_from(state_path: pathlib.Path, model, curriculum: Curriculum) -> None:
+def init_from(state_path: pathlib.Path, model, curriculum: Curriculum, reshape=None) -> None:
     """Load another run's weights, and its task levels when both runs grow sizes
     adaptively (levels say what the model has learned, so they carry over).  A
     checkpoint folder (model.safetensors, e.g. the shipped vllm_dllm/default_model)
-    gives its weights upcast to float32, and levels where it holds CURRICULUM_FILE."""
+    gives its weights upcast to float32, and levels where it holds CURRICULUM_FILE.
+    `reshape(weights, model's own state dict)`, when given, maps the source's weights
+    onto the model's shape (training/grow.py deepens a LLaDA2 model)."""
     if state_path.is_dir():
         from safetensors.torch import load_file
 
-        weights = load_file(str(state_path / "model.safetensors"))
-        model.load_state_dict({k: v.float() for k, v in weights.items()})
+        weights = {k: v.float() for k, v in load_file(str(state_path / "model.safetensors")).items()}
         levels_file = state_path / CURRICULUM_FILE
         saved = json.loads(levels_file.read_text()) if levels_file.exists() else None
     else:
         state = load_state(state_path)
-        model.load_state_dict(state["model"])
+        weights = state["model"]
         saved = state.get("curriculum")
+    model.load_state_dict(weights if reshape is None else reshape(weights, model.state_dict()))
     # States saved before curricula recorded their settings came from adaptive runs.
     if saved and curriculum.threshold and (saved.get("settings") or {"threshold": 1}).get("threshold"):
         curriculum.levels.update({n: v for n, v in saved["levels"].items() if n in curriculum.levels})
@@ -443,6 +445,10 @@ def main(argv=None) -> int:
     group.add_argument("--qk-gain-init", type=float, default=1.0,
                        help="a new run's QK-norm gains (--resume and --init-from load theirs): with QK-norm a logit "
                             "is at most sqrt(head_dim) x g_q x g_k, so the gains are the attention's temperature")
+    group.add_argument("--grow-depth", action="store_true",
+                       help="with --init-from, the source may have fewer layers: they keep their order spread "
+                            "over --layers, and the new layers start as the identity (zero output projections), "
+                            "so the deeper model begins computing what the source did (training/grow.py)")
     group.add_argument("--mimetic-qk", type=float, default=None, metavar="NOISE",
                        help="a new run's query projections start as their key projections plus NOISE x a fresh "
                             "draw (mimetic initialisation: attention matches like tokens from the start)")
@@ -477,6 +483,8 @@ def main(argv=None) -> int:
         return train_llada2(args, ap)
     if args.balance_tasks:
         ap.error("--balance-tasks is an --arch llada2 option (the LLaDA-format loop keeps its published recipe)")
+    if args.grow_depth:
+        ap.error("--grow-depth is an --arch llada2 option")
     args.out.mkdir(parents=True, exist_ok=True)
     tok_dir = args.out / "tokenizer"
     tok_dir.mkdir(exist_ok=True)

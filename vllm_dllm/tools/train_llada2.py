@@ -30,6 +30,7 @@ from vllm_dllm.tools.train import (
     save_state,
     task_cycle,
 )
+from vllm_dllm.training.grow import grown_state_dict
 from vllm_dllm.training.optim import adamw, load_adamw_state
 from vllm_dllm.training.task_balance import TaskGradientBalance
 
@@ -131,6 +132,8 @@ def train_llada2(args, ap) -> int:
         ap.error(str(exc))
     if args.init_from is not None and args.resume:
         ap.error("--init-from starts a new run; --resume continues this one: choose one")
+    if args.grow_depth and args.init_from is None:
+        ap.error("--grow-depth deepens the model --init-from names: give one")
     if args.max_canvas or args.eval_lengths:
         ap.error("--max-canvas and --eval-lengths are LLaDA-format options (a LLaDA2 canvas always runs to its "
                  "block's end)")
@@ -155,6 +158,8 @@ def train_llada2(args, ap) -> int:
     state_path = args.out / "state.pt"
     if args.init_from is not None:
         if convert_llada.is_llada_checkpoint(args.init_from):
+            if args.grow_depth:
+                ap.error("--grow-depth deepens a LLaDA2 run; a converted --init-from takes --layers as it is")
             if args.mimetic_qk is not None:
                 ap.error("--mimetic-qk initialises a new model; a converted --init-from brings its own attention")
             try:
@@ -164,7 +169,7 @@ def train_llada2(args, ap) -> int:
                 ap.error(f"--init-from {args.init_from}: {exc}")
         else:
             try:
-                init_from(args.init_from, model, curriculum)
+                init_from(args.init_from, model, curriculum, grown_state_dict if args.grow_depth else None)
             except (OSError, KeyError, ValueError, RuntimeError) as exc:
                 ap.error(f"--init-from {args.init_from}: not a saved training state of this shape ({exc!r})")
         print(f"initialised from {args.init_from}", flush=True)
