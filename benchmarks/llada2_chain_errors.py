@@ -46,7 +46,7 @@ from collections import Counter
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from vllm_dllm.eval import OfflineRunner, instances  # noqa: E402
+from vllm_dllm.eval import OFFLINE_ENGINE, OfflineRunner, instances  # noqa: E402
 from vllm_dllm.tasks import ALL_TASKS, Instance  # noqa: E402
 
 CLASSES = (
@@ -206,8 +206,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     xargs = json.loads(args.xargs)
     chain = ALL_TASKS["chain"]
-    runner = OfflineRunner(args.model, dict(max_model_len=512, max_num_seqs=32, kv_cache_memory_bytes=512 << 20,
-                                            gpu_memory_utilization=0.3))
+    runner = OfflineRunner(args.model, OFFLINE_ENGINE)
     items = instances(chain, args.n, args.seed)
     canvas = runner.default_canvas(chain, xargs)
     texts, _, _ = runner.run(items, canvas, xargs)

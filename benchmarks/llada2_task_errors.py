@@ -31,7 +31,7 @@ from collections import Counter
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from vllm_dllm.eval import OfflineRunner, instances  # noqa: E402
+from vllm_dllm.eval import OFFLINE_ENGINE, OfflineRunner, instances  # noqa: E402
 from vllm_dllm.tasks import ALL_TASKS, Instance  # noqa: E402
 
 SORT_CLASSES = (
@@ -146,8 +146,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="the eval's instances for the same seed")
     ap.add_argument("--out", type=pathlib.Path, default=None)
     args = ap.parse_args(argv)
-    runner = OfflineRunner(args.model, dict(max_model_len=512, max_num_seqs=32, kv_cache_memory_bytes=512 << 20,
-                                            gpu_memory_utilization=0.3))
+    runner = OfflineRunner(args.model, OFFLINE_ENGINE)
     result = {"model": args.model, "seed": args.seed, "tasks": {}}
     for name in TASKS:
         task = ALL_TASKS[name]

@@ -142,6 +142,11 @@ def instances(task: Task, n: int, seed: int) -> list[Instance]:
     return [task.sample(rng, TEST) for _ in range(n)]
 
 
+# The engine the eval (and the benchmarks that answer its instances) runs offline: a
+# 32-request batch of the tasks' short prompts fits a 512 MB cache on any machine.
+OFFLINE_ENGINE = dict(max_model_len=512, max_num_seqs=32, kv_cache_memory_bytes=512 << 20, gpu_memory_utilization=0.3)
+
+
 class OfflineRunner:
     """vLLM's engine in this process, with the plugin's metrics logger attached so the
     denoising steps can be counted."""
@@ -364,10 +369,7 @@ def main(argv=None) -> int:
         model = runner.model
     else:
         model = args.model or str(DEFAULT_MODEL)
-        runner = OfflineRunner(
-            model,
-            dict(max_model_len=512, max_num_seqs=32, kv_cache_memory_bytes=512 << 20, gpu_memory_utilization=0.3),
-        )
+        runner = OfflineRunner(model, OFFLINE_ENGINE)
     results = []
     skipped = []
     for length in lengths:
