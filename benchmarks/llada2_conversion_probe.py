@@ -22,7 +22,7 @@ import tempfile
 import torch
 
 from vllm_dllm.tasks import TASKS, TEST
-from vllm_dllm.tools.train import Encoder
+from vllm_dllm.training.batches import Encoder
 from vllm_dllm.training import convert_llada, llada2
 
 

@@ -31,7 +31,7 @@ from vllm_dllm.eval import canvas_for, instances  # noqa: E402
 from vllm_dllm.options import LLADA2, resolve  # noqa: E402
 from vllm_dllm.server_defaults import ServerDefaults  # noqa: E402
 from vllm_dllm.tasks import resolve_tasks, score  # noqa: E402
-from vllm_dllm.tools.train import Llada2Encoder  # noqa: E402
+from vllm_dllm.training.batches import Llada2Encoder  # noqa: E402
 from vllm_dllm.training.llada2 import extend_to_block  # noqa: E402
 
 SETTINGS = {

@@ -24,7 +24,7 @@ import re
 import torch
 
 from vllm_dllm.tasks import TEST, Retrieval
-from vllm_dllm.tools.train import Llada2Encoder
+from vllm_dllm.training.batches import Llada2Encoder
 from vllm_dllm.tools.train_llada2 import saved_llada2_model
 from vllm_dllm.training import llada2
 

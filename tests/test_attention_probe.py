@@ -9,7 +9,7 @@ import torch
 
 from tests.conftest import benchmark_module
 from vllm_dllm.tasks import TEST, Retrieval
-from vllm_dllm.tools.train import Llada2Encoder
+from vllm_dllm.training.batches import Llada2Encoder
 from vllm_dllm.training import llada2
 
 

@@ -13,7 +13,7 @@ import pytest
 from vllm_dllm import eval as task_eval
 from vllm_dllm.llada2_model import PATH
 from vllm_dllm.tasks import ALL_TASKS
-from vllm_dllm.tools.train import CURRICULUM_FILE
+from vllm_dllm.training.run_state import CURRICULUM_FILE
 
 FLOORS = {"copy": 14, "retrieval": 10}  # right answers of 16 held-out instances
 

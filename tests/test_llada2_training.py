@@ -15,6 +15,8 @@ from tests.oracle_llada2 import llada2_generate, load_llada2_oracle
 from vllm_dllm.tasks import ALL_TASKS, TEST
 from vllm_dllm.tools import train
 from vllm_dllm.training import llada2
+from vllm_dllm.training.batches import Llada2Encoder
+from vllm_dllm.training.run_state import CURRICULUM_FILE
 
 MOE = dict(num_experts=8, experts_per_token=2, n_group=4, topk_group=2, moe_intermediate=32, shared_experts=1,
            dense_layers=1)
@@ -229,7 +231,7 @@ def test_an_exported_folder_carries_its_runs_curriculum_levels(trained, tmp_path
     shutil.copytree(trained / "tokenizer", tmp_path / "tokenizer")
     folder = tmp_path / "exported"
     assert train.main(["--out", str(tmp_path), "--export", str(folder)]) == 0
-    saved = json.loads((folder / train.CURRICULUM_FILE).read_text())
+    saved = json.loads((folder / CURRICULUM_FILE).read_text())
     assert saved["levels"] == {"addition": 0.3, "multiply": 0.6}
     assert ("settings" in saved) == records_settings, "no settings are written as null"
     second = tmp_path / "second"
@@ -252,7 +254,7 @@ def test_oracle_logits_equal_the_training_forward(trained):
     model = llada2.build_model(ids, SHAPE, MOE)
     model.load_state_dict(state["model"])
     model.eval()
-    encoder = train.Llada2Encoder(trained / "tokenizer", ids)
+    encoder = Llada2Encoder(trained / "tokenizer", ids)
     inst = ALL_TASKS["multiply"].sample(random.Random(0), TEST)
     tokens = torch.tensor(encoder.prompt(inst.prompt) + encoder.canvas(inst.answer, 8) + [ids["mask"]] * 6)
     want = oracle.forward(tokens, oracle_mask(len(tokens), 8))
@@ -279,7 +281,7 @@ def test_the_plugin_serves_the_trained_checkpoint(trained):
     try:
         assert not runner.exact, "LLaDA2 decodes with the model's defaults in the eval"
         ids = llada2.build_llada2_tokenizer(trained / "tok-serve", 512)
-        encoder = train.Llada2Encoder(trained / "tokenizer", ids)
+        encoder = Llada2Encoder(trained / "tokenizer", ids)
         rng = random.Random(3)
         items = [ALL_TASKS[name].sample(rng, TEST) for name in ("addition", "multiply", "brackets") for _ in range(2)]
         prompts = [runner.prompt_ids(i.prompt) for i in items]

@@ -13,6 +13,7 @@ import torch
 from tests import oracle, oracle_model
 from vllm_dllm.tasks import HARD_TASKS, TASKS
 from vllm_dllm.tools import train
+from vllm_dllm.training import batches, llada_objective, schedule
 from vllm_dllm.training.curriculum import Curriculum, task_at
 
 
@@ -70,7 +71,7 @@ class _UniformModel(torch.nn.Module):
 def _batch(rows: int, prompt_len: int, gen_length: int):
     prompts = [[5 + (i + j) % 7 for j in range(prompt_len + i % 3)] for i in range(rows)]
     canvases = [[20 + (i * j) % 9 for j in range(gen_length)] for i in range(rows)]
-    return train.pack(prompts, canvases, pad=0)
+    return batches.pack(prompts, canvases, pad=0)
 
 
 def test_loss_weights_masked_tokens_by_inverse_mask_ratio():
@@ -79,7 +80,7 @@ def test_loss_weights_masked_tokens_by_inverse_mask_ratio():
     vocab, gen_length, mask_id = 50, 8, 49
     model = _UniformModel(4, vocab)
     ids, lengths, starts = _batch(32, 6, gen_length)
-    loss, accuracy = train.diffusion_loss(
+    loss, accuracy = llada_objective.diffusion_loss(
         model, ids, lengths, starts, gen_length, mask_id, torch.Generator().manual_seed(0)
     )
     assert loss.item() == pytest.approx(math.log(vocab), rel=1e-5)
@@ -90,7 +91,7 @@ def test_loss_masks_only_the_canvas_and_at_least_one_position_per_row():
     gen_length, mask_id = 8, 49
     model = _UniformModel(4, 50)
     ids, lengths, starts = _batch(64, 6, gen_length)
-    train.diffusion_loss(model, ids, lengths, starts, gen_length, mask_id, torch.Generator().manual_seed(1))
+    llada_objective.diffusion_loss(model, ids, lengths, starts, gen_length, mask_id, torch.Generator().manual_seed(1))
     masked = model.seen == mask_id
     counts = []
     for row in range(ids.shape[0]):
@@ -183,13 +184,13 @@ def test_a_per_task_full_size_share_draws_only_that_task_at_full_size():
 
 def test_full_size_share_flag_reads_one_share_then_per_task_ones():
     names = ["sort", "multiply", "chain"]
-    assert train.parse_full_shares("0", names) == {"sort": 0.0, "multiply": 0.0, "chain": 0.0}
-    assert train.parse_full_shares("0.5", names) == {"sort": 0.5, "multiply": 0.5, "chain": 0.5}
-    assert train.parse_full_shares("0.5,chain=1", names) == {"sort": 0.5, "multiply": 0.5, "chain": 1.0}
-    assert train.parse_full_shares("multiply=0.8", names) == {"sort": 0.0, "multiply": 0.8, "chain": 0.0}
+    assert schedule.parse_full_shares("0", names) == {"sort": 0.0, "multiply": 0.0, "chain": 0.0}
+    assert schedule.parse_full_shares("0.5", names) == {"sort": 0.5, "multiply": 0.5, "chain": 0.5}
+    assert schedule.parse_full_shares("0.5,chain=1", names) == {"sort": 0.5, "multiply": 0.5, "chain": 1.0}
+    assert schedule.parse_full_shares("multiply=0.8", names) == {"sort": 0.0, "multiply": 0.8, "chain": 0.0}
     for bad, why in (("copy=1", "names no trained task"), ("chain=x", "is not a number"), ("half", "is not a number")):
         with pytest.raises(ValueError, match=why):
-            train.parse_full_shares(bad, names)
+            schedule.parse_full_shares(bad, names)
 
 
 def test_after_batch_feeds_only_batches_at_the_level():
@@ -247,11 +248,11 @@ def test_resume_keeps_the_adaptive_curriculum_and_refuses_another(tmp_path):
 
 def test_task_weights_and_batch_sizes_shape_the_steps(tmp_path):
     names = ["retrieval", "addition", "copy"]
-    cycle = train.task_cycle(names, train.parse_task_values("retrieval=3,copy=2", names, "--task-weights"))
+    cycle = schedule.task_cycle(names, schedule.parse_task_values("retrieval=3,copy=2", names, "--task-weights"))
     assert cycle == ["retrieval", "addition", "copy", "retrieval", "copy", "retrieval"]
     for bad in ("retrieval", "reverse=2", "copy=x", "copy=0"):
         with pytest.raises(ValueError, match="--task-weights"):
-            train.parse_task_values(bad, names, "--task-weights")
+            schedule.parse_task_values(bad, names, "--task-weights")
 
     out = tmp_path / "run"
     common = ["--out", str(out), "--hidden", "64", "--layers", "1", "--heads", "1", "--intermediate", "96",
@@ -309,9 +310,9 @@ def test_loss_with_per_row_canvas_lengths_masks_each_row_inside_its_own_canvas()
     gen_lengths = torch.tensor([1 + i % 8 for i in range(rows)])
     prompts = [[5 + (i + j) % 7 for j in range(6 + i % 3)] for i in range(rows)]
     canvases = [[20 + (i * j) % 9 for j in range(int(gen_lengths[i]))] for i in range(rows)]
-    ids, lengths, starts = train.pack(prompts, canvases, pad=0)
+    ids, lengths, starts = batches.pack(prompts, canvases, pad=0)
     model = _UniformModel(4, vocab)
-    loss, _ = train.diffusion_loss(model, ids, lengths, starts, gen_lengths, mask_id, torch.Generator().manual_seed(2))
+    loss, _ = llada_objective.diffusion_loss(model, ids, lengths, starts, gen_lengths, mask_id, torch.Generator().manual_seed(2))
     assert loss.item() == pytest.approx(math.log(vocab), rel=1e-5)
     masked = model.seen == mask_id
     for row in range(rows):
@@ -327,9 +328,9 @@ def test_rows_draw_canvas_lengths_from_the_answer_length_to_the_maximum(tmp_path
     from vllm_dllm.training.checkpoint import build_tokenizer
 
     ids = build_tokenizer(tmp_path, 512)
-    encoder = train.Encoder(tmp_path, ids)
+    encoder = batches.Encoder(tmp_path, ids)
     rng = random.Random(0)
-    instances, _, canvases = train.make_batch(TASKS["addition"], encoder, rng, 400, max_canvas=64, own_share=0.25)
+    instances, _, canvases = batches.make_batch(TASKS["addition"], encoder, rng, 400, max_canvas=64, own_share=0.25)
     lengths = [len(c) for c in canvases]
     assert min(lengths) >= 1 and max(lengths) <= 64 and max(lengths) > 56
     assert 0.15 < sum(n == TASKS["addition"].gen_length for n in lengths) / len(lengths) < 0.4
@@ -340,7 +341,7 @@ def test_rows_draw_canvas_lengths_from_the_answer_length_to_the_maximum(tmp_path
         # The answer, then <|eot_id|> when there is room, then EOS padding to the end.
         assert rest == ([ids["eot"]] + [ids["eos"]] * (len(rest) - 1) if rest else [])
     # Without --max-canvas every canvas keeps the task's own length.
-    _, _, canvases = train.make_batch(TASKS["copy"], encoder, rng, 8)
+    _, _, canvases = batches.make_batch(TASKS["copy"], encoder, rng, 8)
     assert {len(c) for c in canvases} == {TASKS["copy"].gen_length}
 
 

@@ -1,6 +1,7 @@
 """`python -m vllm_dllm.tools.train --arch llada2`: the LLaDA2.x-format run of the
-training tool (vllm_dllm/tools/train.py holds the command line, the task batches and
-the LLaDA-format loop; vllm_dllm/training/llada2.py the model and its objective).
+training tool (vllm_dllm/tools/train.py holds the command line and the LLaDA-format
+loop; vllm_dllm/training/ the task batches, run state, schedule, and in llada2.py the
+model and its objective).
 Block diffusion with LLaDA2.1's token editing, the same curriculum, task weights,
 saving and resuming as the LLaDA loop, and an unmodified LLaDA2 checkpoint at the end.
 """
@@ -16,22 +17,12 @@ import time
 import torch
 
 from vllm_dllm.tasks import TEST, Task, resolve_tasks, score
-from vllm_dllm.tools.train import (
-    BATCH_SIZES,
-    CURRICULUM_FILE,
-    Encoder,
-    Llada2Encoder,
-    init_from,
-    load_state,
-    lr_at,
-    make_batch,
-    make_curriculum,
-    parse_task_values,
-    save_state,
-    task_cycle,
-)
+from vllm_dllm.tools.train import make_curriculum
+from vllm_dllm.training.batches import BATCH_SIZES, Encoder, Llada2Encoder, make_batch
 from vllm_dllm.training.grow import grown_state_dict
 from vllm_dllm.training.optim import adamw, load_adamw_state
+from vllm_dllm.training.run_state import CURRICULUM_FILE, init_from, load_state, save_state
+from vllm_dllm.training.schedule import lr_at, parse_task_values, task_cycle
 from vllm_dllm.training.task_balance import TaskGradientBalance
 
 MOE_ARGS = ("experts", "experts_per_token", "expert_groups", "topk_groups", "moe_intermediate", "shared_experts",

@@ -165,7 +165,7 @@ def convert_into(model, llada_dir: pathlib.Path, llada2_tokenizer: pathlib.Path,
 def calibration_prompts(llada_dir: pathlib.Path, n: int = 8, seed: int = 0) -> list[list[int]]:
     """LLaDA-format prompts of the four tasks the checkpoint was trained on."""
     from vllm_dllm.tasks import TASKS, TRAIN
-    from vllm_dllm.tools.train import Encoder
+    from vllm_dllm.training.batches import Encoder
 
     ids = json.loads((llada_dir / "config.json").read_text())
     encoder = Encoder(llada_dir, {"eos": ids["eos_token_id"], "mask": ids["mask_token_id"]})
