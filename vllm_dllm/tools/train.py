@@ -4,8 +4,8 @@
 
 Masked-diffusion SFT as LLaDA does it: the prompt stays clean, a mask ratio t is drawn
 per row over the canvas (answer, <|eot_id|>, EOS padding) and the loss is the
-cross-entropy on masked positions weighted by 1/t (see `diffusion_loss`).  Task sizes
-may follow a curriculum (vllm_dllm/training/curriculum.py).  Fixed seeds; every
+cross-entropy on masked positions weighted by 1/t (training/llada_objective.py).  Task
+sizes may follow a curriculum (vllm_dllm/training/curriculum.py).  Fixed seeds; every
 `--save-every` steps the full state (model, optimizer, RNGs, curriculum) is saved so a
 stopped run resumes with `--resume`.  Loss and held-out accuracy go to
 OUT/train_log.jsonl; the final model is written to OUT/model as an unmodified LLaDA

@@ -1,5 +1,6 @@
 """Task instances as training rows: prompts through the model family's chat frame,
-answer canvases, and the right-padded batches both training loops take."""
+answer canvases (per-row lengths), per-task batch sizes, and `pack`, the right-padded
+[B, L] batch of the LLaDA-format loop and its evaluation."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ CHAT_SUFFIX = "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
 # Sequences per batch, chosen so each task's batch is a similar number of tokens.
 BATCH_SIZES = {"retrieval": 24, "addition": 96, "copy": 48, "reverse": 48,
                "sort": 48, "multiply": 96, "chain": 32, "brackets": 64, "lookup": 48, "recall": 48}
+
 
 class Encoder:
     def __init__(self, tokenizer_dir: pathlib.Path, ids: dict[str, int]):

@@ -374,8 +374,8 @@ def block_diffusion_loss(model, prompts, canvases, block_length: int, mask_id: i
     """LLaDA2's block-diffusion SFT loss, with LLaDA2.1's token editing when
     `edit_ratio` > 0.  `canvases` reach their last block's end (extend_to_block).
 
-    Masking (M2T): as the LLaDA path (tools/train.py's diffusion_loss), each row masks
-    exactly k ~ U{1..G} of its G canvas positions (k stratified over the batch) and
+    Masking (M2T): as the LLaDA path (diffusion_loss, training/llada_objective.py), each
+    row masks exactly k ~ U{1..G} of its G canvas positions (k stratified over the batch) and
     weights the cross-entropy of each masked token by 1/k: 1/t over G positions.  One
     ratio per row, shared by its blocks (each block's own ratio is then spread around
     it); each noisy block is predicted from the clean blocks before it.

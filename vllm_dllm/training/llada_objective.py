@@ -96,4 +96,3 @@ def evaluate(model, task: Task, encoder: Encoder, n: int, seed: int, gen_length:
         cut = [i for i, tok in enumerate(out) if tok in (ids["eot"], ids["eos"])]
         correct += score(inst, encoder.decode(out[: cut[0]] if cut else out))
     return correct / n
-

@@ -45,6 +45,7 @@ def export_weights(state_path: pathlib.Path, out: pathlib.Path) -> int:
     save_atomically({k: state[k] for k in ("model", "curriculum", "step", "args") if k in state}, out)
     return state["step"]
 
+
 # Beside an exported checkpoint's weights: the curriculum levels of the run that wrote
 # it (vLLM ignores the file), so a run started from the folder keeps them.
 CURRICULUM_FILE = "curriculum.json"
