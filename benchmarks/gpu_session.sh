@@ -78,21 +78,23 @@ train)
     # from the shipped LLaDA model.  It brings back the bf16 checkpoint, the log and
     # weights.pt, which the next session's --init-from (CPU or GPU) continues from.
     # Without TRAIN_FROM it continues the LLaDA2 model the package ships (its weights and
-    # curriculum levels: the lineage git carries), or converts the LLaDA model if none.
+    # curriculum levels: the lineage git carries), or converts the LLaDA model if none
+    # (4 layers: then TRAIN_ARGS="--layers 4", or the conversion refuses the shape).
     if [ -f "$runs/gpu-conv/state.pt" ]; then start=(--resume)
     elif [ -n "${TRAIN_FROM:-}" ]; then start=(--init-from "$TRAIN_FROM")
     elif [ -f vllm_dllm/llada2_model/model.safetensors ]; then start=(--init-from vllm_dllm/llada2_model)
     else start=(--init-from vllm_dllm/default_model); fi
     # Three times the CPU run's rows per step (--batch-scale 2 against 0.67): a step of this
     # model is kernel launches, so on an H200 it still ran at ~8.7 steps/s (session 19).
-    # lr 5e-4 continues a run whose cosine is past its peak.  Steps go mostly to the tasks
+    # The shipped model has 8 layers (grown from 4 in session 28): a restart at 3e-4 shook
+    # it for hundreds of steps and 1e-4 did not, so it continues at 1e-4.  Steps go mostly to the tasks
     # still below full size (retrieval, copy and reverse were held-out exact at 96-100%
     # by then), and half of a climbing task's batches are drawn at its full sizes
     # (--full-size-share: chain at full size went from 8% to 50% held out in 500 CPU
     # steps with it, session 21).  TRAIN_ARGS overrides any of these.
-    conv=(--arch llada2 --out "$runs/gpu-conv" --tasks every --hidden 192 --layers 4 --heads 3 --kv-heads 3
+    conv=(--arch llada2 --out "$runs/gpu-conv" --tasks every --hidden 192 --layers 8 --heads 3 --kv-heads 3
           --intermediate 576 --experts 16 --experts-per-token 4 --expert-groups 4 --topk-groups 2
-          --moe-intermediate 144 --shared-experts 4 --rope-theta 10000 --steps 40000 --lr 5e-4 --warmup 100
+          --moe-intermediate 144 --shared-experts 4 --rope-theta 10000 --steps 40000 --lr 1e-4 --warmup 100
           --batch-scale 2 --batch-sizes retrieval=48 --task-weights addition=2,chain=3,multiply=3,sort=3,brackets=2
           --curriculum-threshold 0.9 --full-size-share 0.5 --balance-tasks --eval-every 1000 --eval-n 24 --save-every 200)
     # shellcheck disable=SC2086

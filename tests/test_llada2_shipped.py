@@ -32,7 +32,7 @@ def runner():
 def test_shipped_checkpoint_is_a_llada2_checkpoint_that_carries_its_run():
     config = json.loads((PATH / "config.json").read_text())
     assert config["architectures"] == ["LLaDA2MoeModelLM"] and config["model_type"] == "llada2_moe"
-    assert (PATH / "model.safetensors").stat().st_size < 16 << 20
+    assert (PATH / "model.safetensors").stat().st_size < 32 << 20
     levels = json.loads((PATH / CURRICULUM_FILE).read_text())["levels"]
     assert set(levels) == {"retrieval", "addition", "copy", "reverse", "sort", "multiply", "chain", "brackets"}
 

@@ -1,7 +1,8 @@
 """The LLaDA2-format task model shipped with the plugin (issue 27, interim: trained by
 `vllm_dllm.tools.train --arch llada2`, docs/training-log.md, session 23 on).
 
-The folder is an unmodified LLaDA2.x checkpoint (llada2_moe, 6.79M parameters, bf16):
+The folder is an unmodified LLaDA2.x checkpoint (llada2_moe, 8 layers, 14.03M parameters of which
+7.07M are active per token, bf16):
 `vllm serve <PATH>` serves it.  `curriculum.json` holds the curriculum levels of the
 run that wrote it, so `train --arch llada2 --init-from <PATH>` continues that run on any
 machine.  It is below the issue's targets (benchmarks/results/llada2-shipped/), and
