@@ -333,6 +333,16 @@ def test_full_size_share_draws_llada2_batches_at_the_full_range(tmp_path):
     assert torch.load(out / "state.pt", weights_only=False)["curriculum"]["seen"]["multiply"] == 0
 
 
+def test_focus_share_draws_llada2_batches_from_the_hard_part(tmp_path):
+    out = tmp_path / "focus"
+    assert train.main(["--arch", "llada2", "--out", str(out), *SIZES, "--tasks", "multiply", "--steps", "2",
+                       "--warmup", "1", "--eval-every", "1000", "--save-every", "1", "--checkpoint-dtype", "float32",
+                       "--curriculum-threshold", "0.9", "--focus-share", "multiply=1"]) == 0
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r.get("focus") for r in log] == [True, True] and not any("full_size" in r for r in log)
+    assert torch.load(out / "state.pt", weights_only=False)["curriculum"]["seen"]["multiply"] == 0
+
+
 def test_mimetic_qk_starts_attention_on_like_tokens():
     """--mimetic-qk: each query head starts as its KV head's key projection (plus the
     stated noise), so before any training a token's query scores the same token's key

@@ -14,7 +14,7 @@ from tests import oracle, oracle_model
 from vllm_dllm.tasks import HARD_TASKS, TASKS
 from vllm_dllm.tools import train
 from vllm_dllm.training import batches, llada_objective, schedule
-from vllm_dllm.training.curriculum import Curriculum, task_at
+from vllm_dllm.training.curriculum import Curriculum, Draw, hard_part, task_at
 
 
 def test_train_writes_checkpoint_and_resumes(tmp_path):
@@ -153,16 +153,16 @@ def test_full_size_share_trains_some_batches_at_the_full_range_without_earning_l
     cur.levels["copy"] = 1.0
     rng = random.Random(0)
     draws = [cur.draw("multiply", 0, rng) for _ in range(400)]
-    full = [task for task, at_level in draws if not at_level]
+    full = [d.task for d in draws if d.full_size]
     assert 60 <= len(full) <= 140, len(full)  # 100 expected; +-4 standard deviations
     assert all((t.max_digits_a, t.max_digits_b) == (HARD_TASKS["multiply"].max_digits_a, HARD_TASKS["multiply"].max_digits_b)
                for t in full)
-    assert all(t.max_digits_a == 1 for t, at_level in draws if at_level), "the rest stay at the level's sizes"
+    assert all(d.task.max_digits_a == 1 for d in draws if d.at_level), "the rest stay at the level's sizes"
     # A task at its full sizes, or a curriculum without a share, leaves the data stream alone.
     before = rng.getstate()
-    assert all(cur.draw("copy", 0, rng)[1] for _ in range(20))
+    assert all(cur.draw("copy", 0, rng).at_level for _ in range(20))
     plain = Curriculum(["multiply"], threshold=0.9)
-    assert all(plain.draw("multiply", 0, rng)[1] for _ in range(20))
+    assert all(plain.draw("multiply", 0, rng).at_level for _ in range(20))
     assert rng.getstate() == before
     for bad in (-0.1, 1.5):
         with pytest.raises(ValueError, match="full-size share"):
@@ -172,9 +172,9 @@ def test_full_size_share_trains_some_batches_at_the_full_range_without_earning_l
 def test_a_per_task_full_size_share_draws_only_that_task_at_full_size():
     cur = Curriculum(["multiply", "chain"], threshold=0.9, full_share={"chain": 1.0})
     rng = random.Random(0)
-    assert not any(cur.draw("chain", 0, rng)[1] for _ in range(20)), "chain at share 1: always full size"
+    assert not any(cur.draw("chain", 0, rng).at_level for _ in range(20)), "chain at share 1: always full size"
     before = rng.getstate()
-    assert all(cur.draw("multiply", 0, rng)[1] for _ in range(20)), "multiply has no share"
+    assert all(cur.draw("multiply", 0, rng).at_level for _ in range(20)), "multiply has no share"
     assert rng.getstate() == before
     with pytest.raises(ValueError, match="not trained"):
         Curriculum(["copy"], threshold=0.9, full_share={"chain": 0.5})
@@ -184,23 +184,70 @@ def test_a_per_task_full_size_share_draws_only_that_task_at_full_size():
 
 def test_full_size_share_flag_reads_one_share_then_per_task_ones():
     names = ["sort", "multiply", "chain"]
-    assert schedule.parse_full_shares("0", names) == {"sort": 0.0, "multiply": 0.0, "chain": 0.0}
-    assert schedule.parse_full_shares("0.5", names) == {"sort": 0.5, "multiply": 0.5, "chain": 0.5}
-    assert schedule.parse_full_shares("0.5,chain=1", names) == {"sort": 0.5, "multiply": 0.5, "chain": 1.0}
-    assert schedule.parse_full_shares("multiply=0.8", names) == {"sort": 0.0, "multiply": 0.8, "chain": 0.0}
+    flag = "--full-size-share"
+    assert schedule.parse_shares("0", names, flag) == {"sort": 0.0, "multiply": 0.0, "chain": 0.0}
+    assert schedule.parse_shares("0.5", names, flag) == {"sort": 0.5, "multiply": 0.5, "chain": 0.5}
+    assert schedule.parse_shares("0.5,chain=1", names, flag) == {"sort": 0.5, "multiply": 0.5, "chain": 1.0}
+    assert schedule.parse_shares("multiply=0.8", names, flag) == {"sort": 0.0, "multiply": 0.8, "chain": 0.0}
     for bad, why in (("copy=1", "names no trained task"), ("chain=x", "is not a number"), ("half", "is not a number")):
-        with pytest.raises(ValueError, match=why):
-            schedule.parse_full_shares(bad, names)
+        with pytest.raises(ValueError, match=f"{flag}: .*{why}"):
+            schedule.parse_shares(bad, names, flag)
 
 
 def test_after_batch_feeds_only_batches_at_the_level():
     cur = Curriculum(["copy"], threshold=0.9)
     cur.min_observations = 2
-    assert cur.after_batch("copy", False, 1.0) == {"full_size": True} and cur.seen["copy"] == 0
-    assert cur.after_batch("copy", True, None) == {} and cur.seen["copy"] == 0
-    assert cur.after_batch("copy", True, 1.0) == {} and cur.seen["copy"] == 1
+    copy = task_at("copy", 0.0)
+    assert cur.after_batch(Draw(copy, full_size=True), 1.0) == {"full_size": True} and cur.seen["copy"] == 0
+    assert cur.after_batch(Draw(copy, focus=True), 1.0) == {"focus": True} and cur.seen["copy"] == 0
+    assert cur.after_batch(Draw(copy), None) == {} and cur.seen["copy"] == 0
+    assert cur.after_batch(Draw(copy), 1.0) == {} and cur.seen["copy"] == 1
     before = cur.levels["copy"]
-    assert cur.after_batch("copy", True, 1.0) == {"level": cur.levels["copy"]} and cur.levels["copy"] > before
+    assert cur.after_batch(Draw(copy), 1.0) == {"level": cur.levels["copy"]} and cur.levels["copy"] > before
+
+
+def _factor_digits(prompt: str) -> tuple[int, int]:
+    a, b = prompt.removeprefix("mul ").removesuffix("=").split("*")
+    return len(a), len(b)
+
+
+def test_focus_share_trains_some_multiply_batches_on_two_multi_digit_factors():
+    cur = Curriculum(["multiply", "copy"], threshold=0.9, focus_share={"multiply": 0.5})
+    cur.levels["multiply"] = 1.0
+    rng = random.Random(0)
+    draws = [cur.draw("multiply", 0, rng) for _ in range(400)]
+    focused = [d for d in draws if d.focus]
+    assert 160 <= len(focused) <= 240, len(focused)  # 200 expected; +-4 standard deviations
+    assert not any(d.at_level for d in focused) and all(d.at_level for d in draws if not d.focus)
+    sizes = {_factor_digits(d.task.draw(rng).prompt) for d in focused for _ in range(5)}
+    assert sizes <= {(a, 2) for a in (2, 3, 4)} and len(sizes) == 3, sizes
+    # The rest draw the eval's range, one-digit factors included.
+    plain = {_factor_digits(d.task.draw(rng).prompt) for d in draws if not d.focus for _ in range(5)}
+    assert (1, 1) in plain and (4, 2) in plain
+    # A task without a share leaves the data stream alone.
+    before = rng.getstate()
+    assert all(cur.draw("copy", 0, rng).at_level for _ in range(20)) and rng.getstate() == before
+
+
+def test_hard_parts_of_multiply_and_sort_and_tasks_without_one():
+    rng = random.Random(0)
+    long_sorts = [hard_part(HARD_TASKS["sort"]).draw(rng).prompt for _ in range(200)]
+    assert {p.count(" ") for p in long_sorts} == set(range(7, 11)), "sort: the longer half of 4-10 numbers"
+    # Below two digits there is no harder part: the level's sizes as they are.
+    assert {_factor_digits(hard_part(task_at("multiply", 0.0)).draw(rng).prompt) for _ in range(20)} == {(1, 1)}
+    assert hard_part(HARD_TASKS["chain"]) is None and hard_part(TASKS["copy"]) is None
+    with pytest.raises(ValueError, match="'copy', which has no hard part"):
+        Curriculum(["copy"], threshold=0.9, focus_share={"copy": 0.5})
+    with pytest.raises(ValueError, match="focus share must be in"):
+        Curriculum(["multiply"], threshold=0.9, focus_share=1.5)
+
+
+def test_multiply_keeps_the_eval_instances_its_default_range_always_drew():
+    rng, again = random.Random(7), random.Random(7)
+    for _ in range(500):
+        a = again.randrange(10 ** again.randint(1, 4))
+        b = again.randrange(10 ** again.randint(1, 2))
+        assert HARD_TASKS["multiply"].draw(rng).prompt == f"mul {a}*{b}="
 
 
 def test_full_size_batches_are_logged_and_do_not_count_toward_a_level(tmp_path):
@@ -221,6 +268,9 @@ def test_full_size_batches_are_logged_and_do_not_count_toward_a_level(tmp_path):
     for bad in ("2", "copy=0.5"):
         with pytest.raises(SystemExit, match="2"):
             train.main([*common, "--out", str(tmp_path / "bad"), "--steps", "1", "--full-size-share", bad])
+    for bad in ("addition=0.5", "multiply=0.5", "2"):  # no hard part; not trained; not a share
+        with pytest.raises(SystemExit, match="2"):
+            train.main([*common, "--out", str(tmp_path / "bad"), "--steps", "1", "--focus-share", bad])
 
 
 def test_linear_curriculum_and_no_curriculum():

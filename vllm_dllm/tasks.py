@@ -167,21 +167,31 @@ class Sort(Task):
 
 
 class Multiply(Task):
-    """a * b with a of 1-`max_digits_a` digits and b of 1-`max_digits_b`."""
+    """a * b with a of 1-`max_digits_a` digits and b of 1-`max_digits_b`; with
+    `min_digits` above 1 (training's focus on the hard part) both factors have at
+    least that many digits, up to their maxima."""
 
     name = "multiply"
     gen_length = 8
 
-    def __init__(self, max_digits_a: int = 4, max_digits_b: int = 2):
-        self.max_digits_a, self.max_digits_b = max_digits_a, max_digits_b
+    def __init__(self, max_digits_a: int = 4, max_digits_b: int = 2, min_digits: int = 1):
+        if min_digits < 1:
+            raise ValueError(f"min_digits must be at least 1, not {min_digits}")
+        self.max_digits_a, self.max_digits_b, self.min_digits = max_digits_a, max_digits_b, min_digits
 
     @property
     def max_digits(self) -> int:  # what eval's description and canvas fitting read
         return max(self.max_digits_a, self.max_digits_b)
 
+    def _factor(self, rng: random.Random, max_digits: int) -> int:
+        least = min(self.min_digits, max_digits)
+        digits = rng.randint(least, max_digits)
+        # randrange(0, n) draws as randrange(n) does: the default range's instances are unchanged.
+        return rng.randrange(10 ** (least - 1) if least > 1 else 0, 10**digits)
+
     def draw(self, rng: random.Random) -> Instance:
-        a = rng.randrange(10 ** rng.randint(1, self.max_digits_a))
-        b = rng.randrange(10 ** rng.randint(1, self.max_digits_b))
+        a = self._factor(rng, self.max_digits_a)
+        b = self._factor(rng, self.max_digits_b)
         return Instance(self.name, f"mul {a}*{b}=", str(a * b))
 
 

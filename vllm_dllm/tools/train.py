@@ -39,7 +39,7 @@ from vllm_dllm.training.curriculum import Curriculum, fitting_task
 from vllm_dllm.training.llada_objective import diffusion_loss, evaluate
 from vllm_dllm.training.model import TrainableLLaDA
 from vllm_dllm.training.run_state import export_weights, init_from, load_state, save_state
-from vllm_dllm.training.schedule import lr_at, parse_full_shares, parse_task_values, task_cycle
+from vllm_dllm.training.schedule import lr_at, parse_shares, parse_task_values, task_cycle
 
 
 def export(model, out: pathlib.Path, ids: dict, shape: dict, max_len: int, tasks: list[Task]) -> None:
@@ -71,14 +71,15 @@ def export_saved(state_path: pathlib.Path, out: pathlib.Path) -> int:
 
 def make_curriculum(names: list[str], args, ap) -> Curriculum:
     try:
-        shares = parse_full_shares(args.full_size_share, names)
+        full = parse_shares(args.full_size_share, names, "--full-size-share")
+        focus = parse_shares(args.focus_share, names, "--focus-share")
     except ValueError as exc:
         ap.error(str(exc))
     try:
         return Curriculum(names, linear_steps=args.curriculum_steps, threshold=args.curriculum_threshold,
-                          full_share=shares)
+                          full_share=full, focus_share=focus)
     except ValueError as exc:
-        ap.error(f"--curriculum-steps/--curriculum-threshold/--full-size-share: {exc}")
+        ap.error(f"--curriculum-steps/--curriculum-threshold/--full-size-share/--focus-share: {exc}")
 
 
 def main(argv=None) -> int:
@@ -106,6 +107,10 @@ def main(argv=None) -> int:
                     help="draw this fraction of a task's batches at its full sizes while its curriculum level "
                          "is below them (those batches do not count toward the next level): one share, e.g. "
                          "0.5, or one with per-task ones after it, e.g. 0.5,chain=1")
+    ap.add_argument("--focus-share", default="0",
+                    help="draw this fraction of a task's batches from the hard part of its sizes (multiply: "
+                         "both factors of two digits or more; sort: the longer half of its lengths), which "
+                         "do not count toward the next level: e.g. multiply=0.5 (as --full-size-share reads)")
     ap.add_argument("--tasks", default="retrieval,addition,copy,reverse",
                     help="task names, or all (the original four), hard (sort, multiply, chain, brackets), every")
     ap.add_argument("--task-weights", default="",
@@ -266,7 +271,8 @@ def main(argv=None) -> int:
     while step < args.steps:
         if args.minutes is not None and time.time() - start > args.minutes * 60:
             break
-        task, at_level = curriculum.draw(cycle[step % len(cycle)], step, data_rng)
+        drawn = curriculum.draw(cycle[step % len(cycle)], step, data_rng)
+        task = drawn.task
         _, prompts, canvases = make_batch(task, encoder, data_rng, batch_sizes[task.name],
                                           max_canvas=args.max_canvas, own_share=args.own_length_share)
         batch, lengths, starts = pack(prompts, canvases, ids["eos"])
@@ -286,7 +292,7 @@ def main(argv=None) -> int:
         record = {"step": step, "task": task.name, "loss": round(loss.item(), 4),
                   "answer_accuracy": None if answer_accuracy is None else round(answer_accuracy, 3),
                   "elapsed_s": round(time.time() - start, 1)}
-        record.update(curriculum.after_batch(task.name, at_level, answer_accuracy))
+        record.update(curriculum.after_batch(drawn, answer_accuracy))
         if step % args.eval_every == 0 or step == args.steps:
             model.eval()
             record["accuracy"] = {t.name: evaluate(model, t, encoder, args.eval_n, seed=1) for t in tasks}

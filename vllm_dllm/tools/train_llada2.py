@@ -190,7 +190,8 @@ def train_llada2(args, ap) -> int:
     while step < args.steps:
         if args.minutes is not None and time.time() - start > args.minutes * 60:
             break
-        task, at_level = curriculum.draw(cycle[step % len(cycle)], step, data_rng)
+        drawn = curriculum.draw(cycle[step % len(cycle)], step, data_rng)
+        task = drawn.task
         _, prompts, canvases = make_batch(task, encoder, data_rng, batch_sizes[task.name])
         canvases = [llada2.extend_to_block(c, len(p), args.block_length, ids["eos"]) for p, c in zip(prompts, canvases)]
         for group in optim.param_groups:
@@ -216,7 +217,7 @@ def train_llada2(args, ap) -> int:
                   "elapsed_s": round(time.time() - start, 1)}
         if grad_scale is not None:
             record["grad_scale"] = round(grad_scale, 3)
-        record.update(curriculum.after_batch(task.name, at_level, stats["answer_accuracy"]))
+        record.update(curriculum.after_batch(drawn, stats["answer_accuracy"]))
         if step % args.eval_every == 0 or step == args.steps:
             model.eval()
             record["accuracy"] = {

@@ -12,12 +12,18 @@ four-digit factors at level 0.6) learns nothing of that range.  `full_share` dra
 that fraction of a climbing task's batches at the full range (one share for every
 task, or one per task); their accuracy does not count toward the next level, which
 stays earned at the level's own sizes.
+
+A task can also train more on the hard part of whatever sizes it draws (`focus_share`):
+multiply's products of two multi-digit factors (those under a two-digit multiplier are
+a third of the eval's instances and where its errors are) or sort's longer lists.
+Those batches do not earn levels either.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from vllm_dllm.tasks import ALL_TASKS, Addition, Brackets, Chain, Copy, Lookup, Multiply, Recall, Retrieval, Sort, Task
 
@@ -55,6 +61,17 @@ def task_at(name: str, level: float) -> Task:
     return full
 
 
+def hard_part(task: Task) -> Task | None:
+    """The harder part of a task's sizes, or None for a task without one here:
+    multiply with both factors of two digits or more (its carries sum two partial
+    products); sort with the longer half of its list lengths."""
+    if isinstance(task, Multiply):
+        return Multiply(task.max_digits_a, task.max_digits_b, min_digits=2)
+    if isinstance(task, Sort):
+        return Sort(max(task.min_count, (task.min_count + task.max_count + 1) // 2), task.max_count, task.max_value)
+    return None
+
+
 def fitting_task(full: Task, canvas: int) -> Task | None:
     """The task restricted to the instances whose answer fits a canvas of `canvas`
     positions (one token per answer character for the tasks it shortens: digits and
@@ -79,6 +96,33 @@ def fitting_task(full: Task, canvas: int) -> Task | None:
     return full if full.gen_length <= canvas else None
 
 
+@dataclass(frozen=True)
+class Draw:
+    """One batch's task, and how it was drawn: at the full range, focused on its hard
+    part, or (neither) at the curriculum's level, the only batches that earn levels."""
+
+    task: Task
+    full_size: bool = False
+    focus: bool = False
+
+    @property
+    def at_level(self) -> bool:
+        return not (self.full_size or self.focus)
+
+    def log_fields(self) -> dict:
+        return {k: True for k in ("full_size", "focus") if getattr(self, k)}
+
+
+def _shares(names: list[str], share: float | Mapping[str, float], what: str) -> dict[str, float]:
+    shares = dict(share) if isinstance(share, Mapping) else dict.fromkeys(names, share)
+    for name, value in shares.items():
+        if name not in names:
+            raise ValueError(f"a {what} for '{name}', which is not trained")
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"the {what} must be in [0, 1], not {value}")
+    return {n: shares.get(n, 0.0) for n in names}
+
+
 class Curriculum:
     """Adaptive levels follow a bias-corrected running mean of each task's batch
     accuracy (Adam's correction of an average started at zero), earned anew at each
@@ -88,16 +132,15 @@ class Curriculum:
 
     def __init__(self, names: list[str], *, linear_steps: int = 0, threshold: float = 0.0,
                  increment: float = 0.1, smoothing: float = 0.9, min_observations: int = 8,
-                 full_share: float | Mapping[str, float] = 0.0):
+                 full_share: float | Mapping[str, float] = 0.0, focus_share: float | Mapping[str, float] = 0.0):
         if linear_steps and threshold:
             raise ValueError("choose a linear or an adaptive curriculum, not both")
-        shares = dict(full_share) if isinstance(full_share, Mapping) else dict.fromkeys(names, full_share)
-        for name, share in shares.items():
-            if name not in names:
-                raise ValueError(f"a full-size share for '{name}', which is not trained")
-            if not 0.0 <= share <= 1.0:
-                raise ValueError(f"the full-size share must be in [0, 1], not {share}")
-        self.full_shares = {n: shares.get(n, 0.0) for n in names}
+        self.full_shares = _shares(names, full_share, "full-size share")
+        self.focus_shares = _shares(names, focus_share, "focus share")
+        for name, share in self.focus_shares.items():
+            if share and hard_part(task_at(name, 1.0)) is None:
+                raise ValueError(f"a focus share for '{name}', which has no hard part to focus on "
+                                 f"(multiply and sort have)")
         self.linear_steps, self.threshold = linear_steps, threshold
         self.increment, self.smoothing = increment, smoothing
         self.min_observations = min_observations
@@ -114,15 +157,15 @@ class Curriculum:
     def task(self, name: str, step: int) -> Task:
         return task_at(name, self.level(name, step))
 
-    def draw(self, name: str, step: int, rng: random.Random) -> tuple[Task, bool]:
-        """The task of one batch, and whether it is at the curriculum's level (only those
-        batches earn the next level).  `rng` is read only when a full-size share is set,
-        so runs without one draw exactly the data they always drew."""
+    def draw(self, name: str, step: int, rng: random.Random) -> Draw:
+        """One batch's task.  `rng` is read only for a task with a full-size share
+        (while its level is below 1) or a focus share, so runs without them draw
+        exactly the data they always drew."""
         level = self.level(name, step)
-        share = self.full_shares[name]
-        if level < 1.0 and share and rng.random() < share:
-            return task_at(name, 1.0), False
-        return task_at(name, level), True
+        full = level < 1.0 and bool(self.full_shares[name]) and rng.random() < self.full_shares[name]
+        task = task_at(name, 1.0 if full else level)
+        focus = bool(self.focus_shares[name]) and rng.random() < self.focus_shares[name]
+        return Draw(hard_part(task) if focus else task, full_size=full, focus=focus)
 
     def observe(self, name: str, accuracy: float) -> bool:
         """Record a training batch's masked-answer accuracy; True when the level rose."""
@@ -136,12 +179,12 @@ class Curriculum:
         self.running[name], self.seen[name] = 0.0, 0  # earn the next level at the new sizes
         return True
 
-    def after_batch(self, name: str, at_level: bool, accuracy: float | None) -> dict:
+    def after_batch(self, drawn: Draw, accuracy: float | None) -> dict:
         """Feed one trained batch to its task's level (only batches at the level earn the
         next one); the fields the training log records for it."""
-        fields: dict = {} if at_level else {"full_size": True}
-        if accuracy is not None and at_level and self.observe(name, accuracy):
-            fields["level"] = self.levels[name]
+        fields = drawn.log_fields()
+        if accuracy is not None and drawn.at_level and self.observe(drawn.task.name, accuracy):
+            fields["level"] = self.levels[drawn.task.name]
         return fields
 
     def estimate(self, name: str) -> float:

@@ -22,18 +22,18 @@ def parse_task_values(text: str, names: list[str], what: str) -> dict[str, int]:
     return values
 
 
-def parse_full_shares(text: str, names: list[str]) -> dict[str, float]:
+def parse_shares(text: str, names: list[str], flag: str) -> dict[str, float]:
     """`0.5` (every task) or `0.5,chain=1` (every task, then chain's own) -> a share
-    per trained task."""
+    per trained task; `flag` names the option in errors."""
     shares = dict.fromkeys(names, 0.0)
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, sep, value = item.rpartition("=")
         if sep and name not in names:
-            raise ValueError(f"--full-size-share: '{item}' names no trained task ({', '.join(names)})")
+            raise ValueError(f"{flag}: '{item}' names no trained task ({', '.join(names)})")
         try:
             share = float(value)
         except ValueError:
-            raise ValueError(f"--full-size-share: '{value}' in '{item}' is not a number") from None
+            raise ValueError(f"{flag}: '{value}' in '{item}' is not a number") from None
         if sep:
             shares[name] = share
         else:
