@@ -227,14 +227,21 @@ def test_focus_share_trains_some_multiply_batches_on_two_multi_digit_factors():
     # A task without a share leaves the data stream alone.
     before = rng.getstate()
     assert all(cur.draw("copy", 0, rng).at_level for _ in range(20)) and rng.getstate() == before
+    # At one-digit multipliers a focused draw has nothing harder to give: an ordinary
+    # batch that earns its level (the share still reads the stream, which stays stable).
+    cur.levels["multiply"] = 0.0
+    low = [cur.draw("multiply", 0, rng) for _ in range(20)]
+    assert all(d.at_level and (d.task.max_digits_a, d.task.max_digits_b) == (1, 1) for d in low)
+    assert rng.getstate() != before
 
 
 def test_hard_parts_of_multiply_and_sort_and_tasks_without_one():
     rng = random.Random(0)
     long_sorts = [hard_part(HARD_TASKS["sort"]).draw(rng).prompt for _ in range(200)]
     assert {p.count(" ") for p in long_sorts} == set(range(7, 11)), "sort: the longer half of 4-10 numbers"
-    # Below two digits there is no harder part: the level's sizes as they are.
-    assert {_factor_digits(hard_part(task_at("multiply", 0.0)).draw(rng).prompt) for _ in range(20)} == {(1, 1)}
+    # Below a two-digit multiplier, or at one list length, there is no harder part.
+    assert hard_part(task_at("multiply", 0.0)) is None and hard_part(task_at("multiply", 0.3)) is None
+    assert hard_part(task_at("sort", 0.0)) is not None and hard_part(type(HARD_TASKS["sort"])(5, 5)) is None
     assert hard_part(HARD_TASKS["chain"]) is None and hard_part(TASKS["copy"]) is None
     with pytest.raises(ValueError, match="'copy', which has no hard part"):
         Curriculum(["copy"], threshold=0.9, focus_share={"copy": 0.5})
@@ -250,7 +257,7 @@ def test_multiply_keeps_the_eval_instances_its_default_range_always_drew():
         assert HARD_TASKS["multiply"].draw(rng).prompt == f"mul {a}*{b}="
 
 
-def test_full_size_batches_are_logged_and_do_not_count_toward_a_level(tmp_path):
+def test_full_size_batches_are_logged_and_do_not_count_toward_a_level(tmp_path, capsys):
     out = tmp_path / "run"
     common = ["--out", str(out), "--hidden", "64", "--layers", "1", "--heads", "1", "--intermediate", "96",
               "--tasks", "addition", "--eval-every", "1000", "--save-every", "100", "--threads", "1",
@@ -265,12 +272,16 @@ def test_full_size_batches_are_logged_and_do_not_count_toward_a_level(tmp_path):
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert "full_size" not in log[-1]
     assert torch.load(out / "state.pt", weights_only=False)["curriculum"]["seen"]["addition"] == 1
-    for bad in ("2", "copy=0.5"):
+    bad_shares = [("--full-size-share", "2", "must be in"), ("--full-size-share", "copy=0.5", "names no trained task"),
+                  ("--focus-share", "addition=0.5", "'addition', which has no hard part"),
+                  ("--focus-share", "multiply=0.5", "names no trained task"),
+                  ("--focus-share", "2", "focus share must be in")]
+    for flag, bad, why in bad_shares:
+        capsys.readouterr()
         with pytest.raises(SystemExit, match="2"):
-            train.main([*common, "--out", str(tmp_path / "bad"), "--steps", "1", "--full-size-share", bad])
-    for bad in ("addition=0.5", "multiply=0.5", "2"):  # no hard part; not trained; not a share
-        with pytest.raises(SystemExit, match="2"):
-            train.main([*common, "--out", str(tmp_path / "bad"), "--steps", "1", "--focus-share", bad])
+            train.main([*common, "--out", str(tmp_path / "bad"), "--steps", "1", flag, bad])
+        error = capsys.readouterr().err
+        assert why in error and flag in error, (flag, bad, error)
 
 
 def test_linear_curriculum_and_no_curriculum():

@@ -168,8 +168,8 @@ class Sort(Task):
 
 class Multiply(Task):
     """a * b with a of 1-`max_digits_a` digits and b of 1-`max_digits_b`; with
-    `min_digits` above 1 (training's focus on the hard part) both factors have at
-    least that many digits, up to their maxima."""
+    `min_digits` above 1 (training's focus on the hard part) each factor has at least
+    `min_digits` digits, or its maximum where that is fewer."""
 
     name = "multiply"
     gen_length = 8

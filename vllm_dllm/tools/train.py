@@ -110,7 +110,8 @@ def main(argv=None) -> int:
     ap.add_argument("--focus-share", default="0",
                     help="draw this fraction of a task's batches from the hard part of its sizes (multiply: "
                          "both factors of two digits or more; sort: the longer half of its lengths), which "
-                         "do not count toward the next level: e.g. multiply=0.5 (as --full-size-share reads)")
+                         "do not count toward the next level: e.g. multiply=0.5,sort=0.25 (a bare share "
+                         "applies to every trained task, and is refused when one has no hard part)")
     ap.add_argument("--tasks", default="retrieval,addition,copy,reverse",
                     help="task names, or all (the original four), hard (sort, multiply, chain, brackets), every")
     ap.add_argument("--task-weights", default="",

@@ -62,13 +62,17 @@ def task_at(name: str, level: float) -> Task:
 
 
 def hard_part(task: Task) -> Task | None:
-    """The harder part of a task's sizes, or None for a task without one here:
-    multiply with both factors of two digits or more (its carries sum two partial
-    products); sort with the longer half of its list lengths."""
+    """The harder part of a task's sizes, or None where there is none: multiply with
+    both factors of two digits or more (its carries sum two partial products), which
+    sizes below a two-digit multiplier do not have; sort with the longer half of its
+    list lengths, when they span more than one length; no other task."""
     if isinstance(task, Multiply):
+        if min(task.max_digits_a, task.max_digits_b) < 2:
+            return None
         return Multiply(task.max_digits_a, task.max_digits_b, min_digits=2)
     if isinstance(task, Sort):
-        return Sort(max(task.min_count, (task.min_count + task.max_count + 1) // 2), task.max_count, task.max_value)
+        longer = (task.min_count + task.max_count + 1) // 2
+        return Sort(longer, task.max_count, task.max_value) if longer > task.min_count else None
     return None
 
 
@@ -160,12 +164,14 @@ class Curriculum:
     def draw(self, name: str, step: int, rng: random.Random) -> Draw:
         """One batch's task.  `rng` is read only for a task with a full-size share
         (while its level is below 1) or a focus share, so runs without them draw
-        exactly the data they always drew."""
+        exactly the data they always drew.  A focused draw at sizes without a hard part
+        (multiply below a two-digit multiplier) is an ordinary one."""
         level = self.level(name, step)
         full = level < 1.0 and bool(self.full_shares[name]) and rng.random() < self.full_shares[name]
         task = task_at(name, 1.0 if full else level)
         focus = bool(self.focus_shares[name]) and rng.random() < self.focus_shares[name]
-        return Draw(hard_part(task) if focus else task, full_size=full, focus=focus)
+        hard = hard_part(task) if focus else None
+        return Draw(hard or task, full_size=full, focus=hard is not None)
 
     def observe(self, name: str, accuracy: float) -> bool:
         """Record a training batch's masked-answer accuracy; True when the level rose."""
