@@ -45,7 +45,9 @@ from collections import Counter
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))  # report.py beside this script
 
+from report import print_and_write  # noqa: E402
 from vllm_dllm.eval import OFFLINE_ENGINE, OfflineRunner, instances  # noqa: E402
 from vllm_dllm.tasks import ALL_TASKS, Instance  # noqa: E402
 
@@ -212,12 +214,7 @@ def main(argv=None) -> int:
     texts, _, _ = runner.run(items, canvas, xargs)
     result = {"model": args.model, "seed": args.seed, "xargs": xargs, **tally(items, texts),
               "hub_given": hub_given(runner, items, texts, canvas, xargs)}
-    print(table(result), end="")
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
-        (args.out / "table.md").write_text(table(result))
-        print(f"wrote {args.out}")
+    print_and_write(result, table(result), args.out)
     return 0
 
 

@@ -18,7 +18,6 @@ Writes results.json and table.md.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import random
 import sys
@@ -26,7 +25,9 @@ from collections import Counter
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))  # report.py beside this script
 
+from report import print_and_write  # noqa: E402
 from vllm_dllm.eval import OFFLINE_ENGINE, OfflineRunner  # noqa: E402
 from vllm_dllm.tasks import TEST, TRAIN, Instance, Multiply  # noqa: E402
 
@@ -102,12 +103,7 @@ def main(argv=None) -> int:
                         tens["wrong"] += 1
                         tens.update(explained)
     result["2x2 wrong tens"] = {"wrong": tens["wrong"], "explained": {k: tens[k] for k in TENS_EXPLANATIONS}}
-    print(table(result), end="")
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
-        (args.out / "table.md").write_text(table(result))
-        print(f"wrote {args.out}")
+    print_and_write(result, table(result), args.out)
     return 0
 
 

@@ -22,7 +22,6 @@ Writes results.json and table.md.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import re
 import sys
@@ -30,7 +29,9 @@ from collections import Counter
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))  # report.py beside this script
 
+from report import print_and_write  # noqa: E402
 from vllm_dllm.eval import OFFLINE_ENGINE, OfflineRunner, instances  # noqa: E402
 from vllm_dllm.tasks import ALL_TASKS, Instance  # noqa: E402
 
@@ -160,12 +161,7 @@ def main(argv=None) -> int:
         result["tasks"][name] = {"decodings": runs,
                                  "one token a step against default": compare(right["default"],
                                                                              right["one token a step"])}
-    print(table(result), end="")
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
-        (args.out / "table.md").write_text(table(result))
-        print(f"wrote {args.out}")
+    print_and_write(result, table(result), args.out)
     return 0
 
 
