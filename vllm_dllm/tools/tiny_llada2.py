@@ -96,7 +96,7 @@ def write_tokenizer(out: pathlib.Path, vocab: dict[str, int], merges, max_len: i
             "bos": ids["<|startoftext|>"]}
 
 
-def config(*, ids, hidden, layers, heads, kv_heads, intermediate, dtype, max_len, moe) -> dict:
+def config(*, ids, hidden, layers, heads, kv_heads, intermediate, dtype, max_len, moe, head_dim=None) -> dict:
     return {
         "architectures": ["LLaDA2MoeModelLM"],
         "attention_dropout": 0.0,
@@ -108,7 +108,7 @@ def config(*, ids, hidden, layers, heads, kv_heads, intermediate, dtype, max_len
         "embedding_dropout": 0.0,
         "eos_token_id": ids["eos"],
         "first_k_dense_replace": moe["dense_layers"],
-        "head_dim": hidden // heads,
+        "head_dim": head_dim or hidden // heads,
         "hidden_act": "silu",
         "hidden_size": hidden,
         "initializer_range": 0.02,

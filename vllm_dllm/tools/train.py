@@ -150,6 +150,9 @@ def main(argv=None) -> int:
                          "block diffusion with token editing")
     group = ap.add_argument_group("--arch llada2")
     group.add_argument("--kv-heads", type=int, default=None, help="key/value heads (default: --heads)")
+    group.add_argument("--head-dim", type=int, default=None,
+                       help="width of each attention head (default: --hidden / --heads); a multiple of 4, as the "
+                            "partial RoPE rotates half of it in pairs")
     group.add_argument("--experts", type=int, default=16)
     group.add_argument("--experts-per-token", type=int, default=4)
     group.add_argument("--expert-groups", type=int, default=4, help="routing groups (n_group)")
@@ -170,6 +173,10 @@ def main(argv=None) -> int:
                        help="with --init-from, the source may have fewer layers: they keep their order spread "
                             "over --layers, and the new layers start as the identity (zero output projections), "
                             "so the deeper model begins computing what the source did (training/grow.py)")
+    group.add_argument("--grow-heads", action="store_true",
+                       help="with --init-from, the source may have fewer attention heads of the same --head-dim: "
+                            "its heads come first, and each new head's output columns start at zero, so the wider "
+                            "model begins computing what the source did (training/grow.py)")
     group.add_argument("--mimetic-qk", type=float, default=None, metavar="NOISE",
                        help="a new run's query projections start as their key projections plus NOISE x a fresh "
                             "draw (mimetic initialisation: attention matches like tokens from the start)")
@@ -204,8 +211,10 @@ def main(argv=None) -> int:
         return train_llada2(args, ap)
     if args.balance_tasks:
         ap.error("--balance-tasks is an --arch llada2 option (the LLaDA-format loop keeps its published recipe)")
-    if args.grow_depth:
-        ap.error("--grow-depth is an --arch llada2 option")
+    for flag, given in (("--grow-depth", args.grow_depth), ("--grow-heads", args.grow_heads),
+                        ("--head-dim", args.head_dim is not None)):
+        if given:
+            ap.error(f"{flag} is an --arch llada2 option")
     args.out.mkdir(parents=True, exist_ok=True)
     tok_dir = args.out / "tokenizer"
     tok_dir.mkdir(exist_ok=True)

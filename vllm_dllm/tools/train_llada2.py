@@ -19,7 +19,7 @@ import torch
 from vllm_dllm.tasks import TEST, Task, resolve_tasks, score
 from vllm_dllm.tools.train import make_curriculum
 from vllm_dllm.training.batches import BATCH_SIZES, Encoder, Llada2Encoder, make_batch
-from vllm_dllm.training.grow import grown_state_dict
+from vllm_dllm.training.grow import reshape_for_growth
 from vllm_dllm.training.optim import adamw, load_adamw_state
 from vllm_dllm.training.run_state import CURRICULUM_FILE, init_from, load_state, save_state
 from vllm_dllm.training.schedule import lr_at, parse_task_values, task_cycle
@@ -32,11 +32,16 @@ MOE_ARGS = ("experts", "experts_per_token", "expert_groups", "topk_groups", "moe
 def llada2_shape(args) -> dict:
     """Sizes of a LLaDA2 run from its arguments (a Namespace, or a saved state's strings)."""
     get = (lambda k: args[k]) if isinstance(args, dict) else (lambda k: getattr(args, k))
-    heads = int(get("heads"))
+    heads, hidden = int(get("heads")), int(get("hidden"))
     kv = get("kv_heads")
-    return dict(hidden=int(get("hidden")), layers=int(get("layers")), heads=heads,
+    try:
+        head_dim = get("head_dim")
+    except (KeyError, AttributeError):  # states saved before heads had their own width
+        head_dim = None
+    return dict(hidden=hidden, layers=int(get("layers")), heads=heads,
                 kv_heads=heads if kv in (None, "None") else int(kv), intermediate=int(get("intermediate")),
-                rope_theta=float(get("rope_theta")))
+                rope_theta=float(get("rope_theta")),
+                head_dim=hidden // heads if head_dim in (None, "None") else int(head_dim))
 
 
 def saved_llada2_model(state: dict, state_path: pathlib.Path):
@@ -115,8 +120,13 @@ def train_llada2(args, ap) -> int:
         moe = llada2.moe_settings(args)
         llada2.check_moe(moe, args.layers)
         shape = llada2_shape(args)
-        if args.hidden % args.heads or args.heads % shape["kv_heads"]:
-            raise ValueError("--hidden must be a multiple of --heads, and --heads of --kv-heads")
+        if args.head_dim is None and args.hidden % args.heads:
+            raise ValueError("--hidden must be a multiple of --heads (or give --head-dim)")
+        if args.heads % shape["kv_heads"]:
+            raise ValueError("--heads must be a multiple of --kv-heads")
+        if shape["head_dim"] <= 0 or shape["head_dim"] % 4:
+            raise ValueError(f"--head-dim must be a positive multiple of 4 (the partial RoPE rotates half of "
+                             f"it in pairs), not {shape['head_dim']}")
         if not 0 <= args.edit_ratio < 1:
             raise ValueError("--edit-ratio must be in [0, 1)")
     except ValueError as exc:
@@ -125,6 +135,8 @@ def train_llada2(args, ap) -> int:
         ap.error("--init-from starts a new run; --resume continues this one: choose one")
     if args.grow_depth and args.init_from is None:
         ap.error("--grow-depth deepens the model --init-from names: give one")
+    if args.grow_heads and args.init_from is None:
+        ap.error("--grow-heads widens the model --init-from names: give one")
     if args.max_canvas or args.eval_lengths:
         ap.error("--max-canvas and --eval-lengths are LLaDA-format options (a LLaDA2 canvas always runs to its "
                  "block's end)")
@@ -149,8 +161,9 @@ def train_llada2(args, ap) -> int:
     state_path = args.out / "state.pt"
     if args.init_from is not None:
         if convert_llada.is_llada_checkpoint(args.init_from):
-            if args.grow_depth:
-                ap.error("--grow-depth deepens a LLaDA2 run; a converted --init-from takes --layers as it is")
+            if args.grow_depth or args.grow_heads:
+                ap.error("--grow-depth and --grow-heads grow a LLaDA2 run; a converted --init-from takes "
+                         "--layers and --heads as they are")
             if args.mimetic_qk is not None:
                 ap.error("--mimetic-qk initialises a new model; a converted --init-from brings its own attention")
             try:
@@ -160,7 +173,7 @@ def train_llada2(args, ap) -> int:
                 ap.error(f"--init-from {args.init_from}: {exc}")
         else:
             try:
-                init_from(args.init_from, model, curriculum, grown_state_dict if args.grow_depth else None)
+                init_from(args.init_from, model, curriculum, reshape_for_growth(args.grow_depth, args.grow_heads))
             except (OSError, KeyError, ValueError, RuntimeError) as exc:
                 ap.error(f"--init-from {args.init_from}: not a saved training state of this shape ({exc!r})")
         print(f"initialised from {args.init_from}", flush=True)

@@ -1,4 +1,4 @@
-"""Deepen a trained LLaDA2-format model without changing what it computes.
+"""Deepen or widen a trained LLaDA2-format model without changing what it computes.
 
 A tiny model that has learned its tasks' easy cases can run out of depth on the hard
 ones (a 4-digit times 2-digit product's carries, say) long before its training data
@@ -9,11 +9,18 @@ layer starts with its residual branches' output projections at zero (the attenti
 model's logits are the source's exactly, and training starts from there.  The zeroed
 projections get gradients at once (their inputs are not zero), and the rest of a new
 layer as soon as they move.
+
+Widening by attention heads works the same way: the source's heads keep their places
+(query, key and value rows first in each group, so every source query head still reads
+its own key/value head), the new heads' projections keep their fresh initialisation,
+and the output projection's columns that read them start at zero.  QK-norm gains are
+per head dimension, shared by all heads, so they carry over as they are.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import torch
 
@@ -63,3 +70,62 @@ def grown_state_dict(source: dict[str, torch.Tensor], target: dict[str, torch.Te
         elif name not in moved:
             raise ValueError(f"the source has nothing for the deeper model's {name}")
     return grown
+
+
+def attention_heads(weights: dict[str, torch.Tensor], layer: int) -> tuple[int, int, int]:
+    """(query heads, key/value heads, head_dim) of one layer's attention weights."""
+    prefix = f"model.layers.{layer}.attention."
+    head_dim = weights[prefix + "query_layernorm.weight"].shape[0]
+    heads = weights[prefix + "dense.weight"].shape[1] // head_dim
+    kv_heads = (weights[prefix + "query_key_value.weight"].shape[0] // head_dim - heads) // 2
+    return heads, kv_heads, head_dim
+
+
+def widened_heads(source: dict[str, torch.Tensor], target: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`source` with each layer's attention widened to `target`'s head counts (the
+    same layers otherwise): the source's heads first, the new heads' query/key/value
+    rows taken from `target` (a fresh initialisation), and the output projection's
+    columns for them zero.  The head width and the query heads per key/value head must
+    agree, so every source query head keeps reading its own key/value head."""
+    (heads, kv_heads, head_dim), (to_heads, to_kv, to_dim) = attention_heads(source, 0), attention_heads(target, 0)
+    if to_dim != head_dim:
+        raise ValueError(f"heads of {head_dim} cannot widen into heads of {to_dim} (give the source's --head-dim)")
+    if to_heads < heads or to_kv < kv_heads:
+        raise ValueError(f"cannot grow {heads} query / {kv_heads} key-value heads into {to_heads} / {to_kv}")
+    if heads * to_kv != to_heads * kv_heads:
+        raise ValueError(f"{heads} query heads per {kv_heads} key-value heads cannot widen into {to_heads} per "
+                         f"{to_kv}: a source query head would read another head's keys")
+    widened = dict(source)
+    for layer in range(layer_count(source)):
+        prefix = f"model.layers.{layer}.attention."
+        qkv, fresh = source[prefix + "query_key_value.weight"], target[prefix + "query_key_value.weight"]
+        old = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim])
+        new = fresh.split([to_heads * head_dim, to_kv * head_dim, to_kv * head_dim])
+        widened[prefix + "query_key_value.weight"] = torch.cat(
+            [torch.cat([o, n[o.shape[0]:].to(o.dtype)]) for o, n in zip(old, new)])
+        dense = source[prefix + "dense.weight"]
+        widened[prefix + "dense.weight"] = torch.cat(
+            [dense, dense.new_zeros(dense.shape[0], (to_heads - heads) * head_dim)], dim=1)
+    return widened
+
+
+Reshape = Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+
+
+def reshape_for_growth(depth: bool, heads: bool) -> Reshape | None:
+    """The source-to-target weight mapping of `train --init-from` with --grow-depth
+    and/or --grow-heads (None: the shapes must agree as they are).  Heads widen first,
+    on the source's own layers; the deeper stack's new layers keep their initialisation
+    at the target's width."""
+    if not heads:
+        return grown_state_dict if depth else None
+
+    def reshape(source: dict[str, torch.Tensor], target: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        wider = widened_heads(source, target)
+        if depth:
+            return grown_state_dict(wider, target)
+        if layer_count(source) != layer_count(target):
+            raise ValueError(f"{layer_count(source)} layers against {layer_count(target)} (add --grow-depth)")
+        return wider
+
+    return reshape

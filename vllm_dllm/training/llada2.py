@@ -63,9 +63,10 @@ def partial_rope(x: torch.Tensor, positions: torch.Tensor, rotary_dim: int, thet
 
 
 class Attention(nn.Module):
-    def __init__(self, hidden: int, heads: int, kv_heads: int, theta: float):
+    def __init__(self, hidden: int, heads: int, kv_heads: int, theta: float, head_dim: int | None = None):
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim, self.theta = heads, kv_heads, hidden // heads, theta
+        self.heads, self.kv_heads, self.theta = heads, kv_heads, theta
+        self.head_dim = head_dim or hidden // heads
         self.rotary_dim = int(self.head_dim * PARTIAL_ROTARY)
         self.query_key_value = nn.Linear(hidden, (heads + 2 * kv_heads) * self.head_dim, bias=False)
         self.query_layernorm = RMSNorm(self.head_dim)
@@ -195,10 +196,11 @@ class Permutation(torch.autograd.Function):
 
 
 class Layer(nn.Module):
-    def __init__(self, hidden: int, heads: int, kv_heads: int, intermediate: int, theta: float, dense: bool, moe: dict):
+    def __init__(self, hidden: int, heads: int, kv_heads: int, intermediate: int, theta: float, dense: bool, moe: dict,
+                 head_dim: int | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(hidden)
-        self.attention = Attention(hidden, heads, kv_heads, theta)
+        self.attention = Attention(hidden, heads, kv_heads, theta, head_dim)
         self.post_attention_layernorm = RMSNorm(hidden)
         self.mlp = MLP(hidden, intermediate) if dense else MoE(hidden, moe)
 
@@ -215,13 +217,14 @@ class Layer(nn.Module):
 
 class TrainableLLaDA2(nn.Module):
     def __init__(self, vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int,
-                 theta: float, moe: dict):
+                 theta: float, moe: dict, head_dim: int | None = None):
         super().__init__()
         self.moe = dict(moe)
         self.model = nn.Module()
         self.model.word_embeddings = nn.Embedding(vocab, hidden)
         self.model.layers = nn.ModuleList(
-            Layer(hidden, heads, kv_heads, intermediate, theta, i < moe["dense_layers"], moe) for i in range(layers)
+            Layer(hidden, heads, kv_heads, intermediate, theta, i < moe["dense_layers"], moe, head_dim)
+            for i in range(layers)
         )
         self.model.norm = RMSNorm(hidden)
         self.lm_head = nn.Linear(hidden, vocab, bias=False)
@@ -556,7 +559,7 @@ def write_llada2_checkpoint(out: pathlib.Path, state_dict: dict[str, torch.Tenso
     dtype_name = {torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]
     cfg = llada2_config(ids=ids, hidden=shape["hidden"], layers=shape["layers"], heads=shape["heads"],
                         kv_heads=shape["kv_heads"], intermediate=shape["intermediate"], dtype=dtype_name,
-                        max_len=max_len, moe=moe)
+                        max_len=max_len, moe=moe, head_dim=shape.get("head_dim"))
     cfg["rope_theta"] = float(shape["rope_theta"])
     write_json(out / "config.json", cfg)
     write_json(out / "generation_config.json", {**generation_config(ids), **(generation or {})})
@@ -567,5 +570,5 @@ def write_llada2_checkpoint(out: pathlib.Path, state_dict: dict[str, torch.Tenso
 
 def build_model(ids: dict, shape: dict, moe: dict) -> TrainableLLaDA2:
     return TrainableLLaDA2(ids["vocab_size"], shape["hidden"], shape["layers"], shape["heads"], shape["kv_heads"],
-                           shape["intermediate"], shape["rope_theta"], moe)
+                           shape["intermediate"], shape["rope_theta"], moe, shape.get("head_dim"))
 
