@@ -36,9 +36,10 @@ def _llada_checkpoint(out: pathlib.Path) -> TrainableLLaDA:
     return model.eval()
 
 
-def _llada2(tmp: pathlib.Path, heads: int = HEADS, moe: dict = MOE):
+def _llada2(tmp: pathlib.Path, heads: int = HEADS, moe: dict = MOE, head_dim: int | None = None):
     ids = llada2.build_llada2_tokenizer(tmp / "tok2", 256)
-    shape = dict(hidden=HIDDEN, layers=LAYERS, heads=heads, kv_heads=heads, intermediate=MLP, rope_theta=10000.0)
+    shape = dict(hidden=HIDDEN, layers=LAYERS, heads=heads, kv_heads=heads, intermediate=MLP, rope_theta=10000.0,
+                 head_dim=head_dim)
     torch.manual_seed(1)
     return llada2.build_model(ids, shape, moe).eval(), ids
 
@@ -121,6 +122,9 @@ def test_shapes_that_cannot_take_the_weights_are_refused(tmp_path):
     narrow, ids = _llada2(tmp_path, moe={**MOE, "shared_experts": 1})
     with pytest.raises(ValueError, match="--moe-intermediate x --shared-experts is 48, the checkpoint's MLP has 96"):
         convert_llada.convert_into(narrow, tmp_path / "llada", tmp_path / "tok2", ids, [])
+    narrow_heads, ids = _llada2(tmp_path, head_dim=16)
+    with pytest.raises(ValueError, match="--head-dim is 16, the checkpoint has 32"):
+        convert_llada.convert_into(narrow_heads, tmp_path / "llada", tmp_path / "tok2", ids, [])
     unshared, ids = _llada2(tmp_path, moe={**MOE, "shared_experts": 0})
     with pytest.raises(ValueError, match="no shared experts"):
         convert_llada.convert_into(unshared, tmp_path / "llada", tmp_path / "tok2", ids, [])

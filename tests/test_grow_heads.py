@@ -135,7 +135,17 @@ def test_the_training_tool_widens_an_exported_folder_that_the_plugin_serves(tmp_
     bad = [*SIZES, "--head-dim", "18"]
     with pytest.raises(SystemExit):
         train.main(["--arch", "llada2", "--out", str(tmp_path / "fifth"), *bad, "--tasks", "addition", "--steps", "0"])
-    assert "--head-dim must be a positive multiple of 4" in capsys.readouterr().err
+    assert "--head-dim is 18: a head's width must be a positive multiple of 4" in capsys.readouterr().err
+    odd = list(SIZES)
+    odd[odd.index("--hidden") + 1] = "72"  # 18 per head
+    with pytest.raises(SystemExit):
+        train.main(["--arch", "llada2", "--out", str(tmp_path / "fifth"), *odd, "--tasks", "addition", "--steps", "0"])
+    assert "--hidden / --heads is 18: a head's width" in capsys.readouterr().err
+    # A resumed run must be given its own sizes; a forgotten --head-dim is named, not a traceback.
+    with pytest.raises(SystemExit):
+        train.main(["--arch", "llada2", "--out", str(second), *wide[:-2], "--tasks", "addition", "--steps", "3",
+                    "--resume"])
+    assert "was trained with head_dim 16 (given 8)" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         train.main(["--out", str(tmp_path / "sixth"), "--tasks", "addition", "--steps", "0", "--grow-heads"])
     assert "--grow-heads is an --arch llada2 option" in capsys.readouterr().err

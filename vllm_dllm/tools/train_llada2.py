@@ -29,6 +29,10 @@ MOE_ARGS = ("experts", "experts_per_token", "expert_groups", "topk_groups", "moe
             "dense_layers")
 
 
+def is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
 def llada2_shape(args) -> dict:
     """Sizes of a LLaDA2 run from its arguments (a Namespace, or a saved state's strings)."""
     get = (lambda k: args[k]) if isinstance(args, dict) else (lambda k: getattr(args, k))
@@ -125,12 +129,16 @@ def train_llada2(args, ap) -> int:
         if args.heads % shape["kv_heads"]:
             raise ValueError("--heads must be a multiple of --kv-heads")
         if shape["head_dim"] <= 0 or shape["head_dim"] % 4:
-            raise ValueError(f"--head-dim must be a positive multiple of 4 (the partial RoPE rotates half of "
-                             f"it in pairs), not {shape['head_dim']}")
+            given = "--head-dim" if args.head_dim is not None else "--hidden / --heads"
+            raise ValueError(f"{given} is {shape['head_dim']}: a head's width must be a positive multiple of 4 "
+                             f"(the partial RoPE rotates half of it in pairs)")
         if not 0 <= args.edit_ratio < 1:
             raise ValueError("--edit-ratio must be in [0, 1)")
     except ValueError as exc:
         ap.error(str(exc))
+    if not is_power_of_two(shape["head_dim"]) or shape["head_dim"] < 16:
+        print(f"warning: heads of {shape['head_dim']} serve on the CPU, but CUDA's paged Triton attention takes "
+              f"powers of two from 16", flush=True)
     if args.init_from is not None and args.resume:
         ap.error("--init-from starts a new run; --resume continues this one: choose one")
     if args.grow_depth and args.init_from is None:
@@ -179,6 +187,10 @@ def train_llada2(args, ap) -> int:
         print(f"initialised from {args.init_from}", flush=True)
     if args.resume and state_path.exists():
         state = load_state(state_path)
+        saved_shape = llada2_shape(state["args"])
+        if saved_shape != shape:
+            differ = ", ".join(f"{k} {saved_shape[k]} (given {shape[k]})" for k in shape if saved_shape[k] != shape[k])
+            ap.error(f"--resume: {state_path} was trained with {differ}: give the run's own sizes")
         model.load_state_dict(state["model"])
         load_adamw_state(optim, model, state["optim"])
         data_rng.setstate(state["data_rng"])

@@ -109,6 +109,7 @@ def check_convertible(cfg: dict, model) -> None:
     att = layers[0].attention
     found = {"--hidden": (att.dense.out_features, cfg["d_model"]), "--layers": (len(layers), cfg["n_layers"]),
              "--heads": (att.heads, cfg["n_heads"]), "--kv-heads": (att.kv_heads, cfg["n_kv_heads"]),
+             "--head-dim": (att.head_dim, cfg["d_model"] // cfg["n_heads"]),
              "--rope-theta": (att.theta, cfg["rope_theta"])}
     problems = [f"{k} is {a}, the checkpoint has {b}" for k, (a, b) in found.items() if a != b]
     for layer in (layers[0], layers[-1]):  # dense first layers, MoE at least the last (check_moe)

@@ -121,11 +121,11 @@ def reshape_for_growth(depth: bool, heads: bool) -> Reshape | None:
         return grown_state_dict if depth else None
 
     def reshape(source: dict[str, torch.Tensor], target: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        wider = widened_heads(source, target)
         if depth:
-            return grown_state_dict(wider, target)
+            layer_placement(layer_count(source), layer_count(target))  # refuses a shallower target
+            return grown_state_dict(widened_heads(source, target), target)
         if layer_count(source) != layer_count(target):
             raise ValueError(f"{layer_count(source)} layers against {layer_count(target)} (add --grow-depth)")
-        return wider
+        return widened_heads(source, target)
 
     return reshape
