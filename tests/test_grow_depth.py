@@ -30,6 +30,16 @@ def _logits(model, ids: torch.Tensor) -> torch.Tensor:
         return model.logits(model.hidden_states(ids, positions, mask))
 
 
+def backward_on_random_targets(model, ids: torch.Tensor) -> None:
+    """One training backward (bidirectional, random targets): fills every parameter's grad."""
+    model.train()
+    positions = torch.arange(ids.shape[1])[None].expand_as(ids)
+    mask = torch.ones(ids.shape[0], ids.shape[1], ids.shape[1], dtype=torch.bool)
+    target = torch.randint(0, 2304, ids.shape, generator=torch.Generator().manual_seed(1))
+    out = model.logits(model.hidden_states(ids, positions, mask))
+    torch.nn.functional.cross_entropy(out.flatten(0, 1), target.flatten()).backward()
+
+
 def test_placement_keeps_order_and_starts_at_the_first_layer():
     assert layer_placement(4, 8) == [0, 2, 4, 6]
     assert layer_placement(4, 6) == [0, 1, 3, 4]
@@ -47,12 +57,7 @@ def test_the_grown_model_computes_what_the_source_did_and_then_learns():
     new_layers = [deeper.model.layers[i] for i in (1, 3, 5)]
     assert all(layer.attention.dense.weight.abs().sum() == 0 for layer in new_layers)
 
-    deeper.train()
-    positions = torch.arange(ids.shape[1])[None].expand_as(ids)
-    mask = torch.ones(2, 11, 11, dtype=torch.bool)
-    target = torch.randint(0, 2304, (2, 11), generator=torch.Generator().manual_seed(1))
-    out = deeper.logits(deeper.hidden_states(ids, positions, mask))
-    torch.nn.functional.cross_entropy(out.flatten(0, 1), target.flatten()).backward()
+    backward_on_random_targets(deeper, ids)
     for layer in new_layers:
         assert layer.attention.dense.weight.grad.abs().sum() > 0, "a zeroed branch output still learns"
         assert layer.mlp.shared_experts.down_proj.weight.grad.abs().sum() > 0

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.oracle_llada2 import block_causal_mask, load_llada2_oracle
+from tests.test_grow_depth import backward_on_random_targets
 from tests.test_llada2_training import MOE, SHAPE, SIZES
 from vllm_dllm.tools import train
 from vllm_dllm.training import llada2
@@ -53,12 +54,7 @@ def test_the_wider_model_computes_what_the_source_did_and_its_new_heads_learn():
         assert new.attention.dense.weight[:, q_rows:].abs().sum() == 0
         assert new.attention.query_key_value.weight[q_rows:2 * q_rows].abs().sum() > 0, "new query heads start random"
 
-    wider.train()
-    positions = torch.arange(ids.shape[1])[None].expand_as(ids)
-    mask = torch.ones(2, 13, 13, dtype=torch.bool)
-    target = torch.randint(0, 2304, (2, 13), generator=torch.Generator().manual_seed(1))
-    out = wider.logits(wider.hidden_states(ids, positions, mask))
-    torch.nn.functional.cross_entropy(out.flatten(0, 1), target.flatten()).backward()
+    backward_on_random_targets(wider, ids)
     for layer in wider.model.layers:
         assert layer.attention.dense.weight.grad[:, 4 * HEAD_DIM:].abs().sum() > 0, "zeroed columns still learn"
 
