@@ -382,3 +382,66 @@ def test_mimetic_qk_option_is_checked(tmp_path):
     for bad in ("-0.1", "nan", "inf"):
         with pytest.raises(SystemExit):
             train.main([*common, "--mimetic-qk", bad])
+
+
+def test_mask_counts_keep_every_ratio_inside_the_range():
+    lengths = torch.tensor([1, 2, 7, 20, 31, 64] * 50)
+    strata = torch.rand(len(lengths), generator=torch.Generator().manual_seed(3))
+    strata[:6] = 0.0  # the ends of the stratified draw are reached
+    strata[6:12] = 1.0 - 1e-7
+    whole = llada2.mask_counts(lengths, strata)
+    assert torch.equal(whole, torch.minimum((strata * lengths).long(), lengths - 1) + 1), "U{1..G} by default"
+    lo, hi = 0.5, 0.8
+    k = llada2.mask_counts(lengths, strata, (lo, hi))
+    assert bool((k >= 1).all() and (k <= lengths).all())
+    ratio = k / lengths
+    assert bool((ratio > lo).all()), "no row masks half its canvas or fewer"
+    assert bool((ratio <= hi + 1 / lengths).all()), "at most one count above the range's top"
+    # A row of 64 positions spans the range: its counts run from 33 to 52 of 64.
+    wide = k[lengths == 64]
+    assert int(wide.min()) == 33 and int(wide.max()) == 52
+
+
+def test_mask_range_is_parsed_per_task_and_checked(tmp_path):
+    from vllm_dllm.training.schedule import parse_mask_ranges
+
+    names = ["addition", "multiply"]
+    assert parse_mask_ranges("", names) == {"addition": (0.0, 1.0), "multiply": (0.0, 1.0)}
+    assert parse_mask_ranges("0.3-0.8,multiply=0.5-1", names) == {"addition": (0.3, 0.8), "multiply": (0.5, 1.0)}
+    for bad, said in (("sort=0.5-1", "names no trained task"), ("multiply=0.5", "is not LO-HI"),
+                      ("multiply=0.8-0.5", "0 <= LO < HI <= 1"), ("1.2-2", "0 <= LO < HI <= 1"),
+                      ("a-b", "is not LO-HI")):
+        with pytest.raises(ValueError, match=said):
+            parse_mask_ranges(bad, names)
+    common = ["--arch", "llada2", "--out", str(tmp_path / "r"), *SIZES, "--tasks", "addition,multiply", "--steps",
+              "2", "--warmup", "1", "--eval-every", "1000", "--save-every", "1", "--checkpoint-dtype", "float32"]
+    with pytest.raises(SystemExit):
+        train.main([*common, "--mask-range", "multiply=0.9-0.1"])
+    assert not (tmp_path / "r" / "state.pt").exists(), "a refused range trains nothing"
+    assert train.main([*common, "--mask-range", "multiply=0.5-1"]) == 0
+    with pytest.raises(SystemExit):
+        train.main(["--out", str(tmp_path / "l"), "--steps", "1", "--mask-range", "0.3-0.8"])
+
+
+def test_a_narrow_mask_range_masks_more_of_every_canvas():
+    class Spy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = torch.nn.Linear(4, 2304, bias=False)
+
+        def hidden_states(self, ids, positions, mask, valid):
+            self.seen = ids.clone()
+            return torch.ones(*ids.shape, 4)
+
+        def logits(self, hidden):
+            return self.head(hidden)
+
+    block, mask_id = 8, 2289
+    prompts, canvases = _rows(random.Random(2), 32, block)
+    _, _, _, _, cols = llada2.two_copy_layout(prompts, canvases, block, 7)
+    spy = Spy()
+    llada2.block_diffusion_loss(spy, prompts, canvases, block, mask_id, torch.Generator().manual_seed(0), pad_id=7,
+                                mask_range=(0.75, 1.0))
+    for i, c in enumerate(canvases):
+        masked = int((spy.seen[i][cols[i, : len(c)]] == mask_id).sum())
+        assert 0.75 * len(c) < masked <= len(c)

@@ -164,6 +164,9 @@ def main(argv=None) -> int:
     group.add_argument("--edit-ratio", type=float, default=0.1,
                        help="LLaDA2.1 token editing: share of unmasked canvas tokens replaced by other tokens "
                             "(0: LLaDA2.0's objective alone)")
+    group.add_argument("--mask-range", default="",
+                       help="mask ratios drawn from LO-HI instead of the whole (0, 1]: one range, or per task, "
+                            "e.g. multiply=0.5-1 (dFactory's LLaDA2 configs use 0.3-0.8)")
     group.add_argument("--edit-weight", type=float, default=1.0,
                        help="weight of the unmasked positions' loss (per canvas position)")
     group.add_argument("--qk-gain-init", type=float, default=1.0,
@@ -212,7 +215,7 @@ def main(argv=None) -> int:
     if args.balance_tasks:
         ap.error("--balance-tasks is an --arch llada2 option (the LLaDA-format loop keeps its published recipe)")
     for flag, given in (("--grow-depth", args.grow_depth), ("--grow-heads", args.grow_heads),
-                        ("--head-dim", args.head_dim is not None)):
+                        ("--head-dim", args.head_dim is not None), ("--mask-range", bool(args.mask_range))):
         if given:
             ap.error(f"{flag} is an --arch llada2 option")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ from vllm_dllm.training.batches import BATCH_SIZES, Encoder, Llada2Encoder, make
 from vllm_dllm.training.grow import reshape_for_growth
 from vllm_dllm.training.optim import adamw, load_adamw_state
 from vllm_dllm.training.run_state import CURRICULUM_FILE, init_from, load_state, save_state
-from vllm_dllm.training.schedule import lr_at, parse_task_values, task_cycle
+from vllm_dllm.training.schedule import lr_at, parse_mask_ranges, parse_task_values, task_cycle
 from vllm_dllm.training.task_balance import TaskGradientBalance
 
 MOE_ARGS = ("experts", "experts_per_token", "expert_groups", "topk_groups", "moe_intermediate", "shared_experts",
@@ -119,6 +119,7 @@ def train_llada2(args, ap) -> int:
         cycle = task_cycle(names, parse_task_values(args.task_weights, names, "--task-weights"))
         batch_sizes = {n: max(2, round(BATCH_SIZES[n] * args.batch_scale)) for n in names}
         batch_sizes.update(parse_task_values(args.batch_sizes, names, "--batch-sizes"))
+        mask_ranges = parse_mask_ranges(args.mask_range, names)
         if min(batch_sizes.values()) < 2:
             raise ValueError("every batch needs at least two rows: mask ratios are stratified over the batch")
         moe = llada2.moe_settings(args)
@@ -223,7 +224,7 @@ def train_llada2(args, ap) -> int:
             group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
         loss, stats = llada2.block_diffusion_loss(
             model, prompts, canvases, args.block_length, ids["mask"], noise, pad_id=ids["eos"],
-            edit_ratio=args.edit_ratio, edit_weight=args.edit_weight,
+            edit_ratio=args.edit_ratio, edit_weight=args.edit_weight, mask_range=mask_ranges[task.name],
         )
         optim.zero_grad(set_to_none=True)
         loss.backward()

@@ -372,14 +372,28 @@ def two_copy_layout(prompts: list[list[int]], canvases: list[list[int]], block_l
     return ids, pos, mask, valid, canvas_cols
 
 
+def mask_counts(lengths: torch.Tensor, strata: torch.Tensor,
+                mask_range: tuple[float, float] = (0.0, 1.0)) -> torch.Tensor:
+    """How many of each row's G canvas positions to mask: the ratio t is the row's
+    stratum in [0, 1) mapped onto [lo, hi), and k = floor(t G) + 1 capped at G, so k/G
+    lies in (lo, hi + 1/G].  The whole range (the default) is k ~ U{1..G}; a narrower one
+    is dFactory's noise range (its LLaDA2 configs default to 0.3-0.8), which spends the
+    steps on the ratios decoding meets first or last."""
+    lo, hi = mask_range
+    t = lo + (hi - lo) * strata
+    return torch.minimum((t * lengths).long(), lengths - 1) + 1
+
+
 def block_diffusion_loss(model, prompts, canvases, block_length: int, mask_id: int, gen: torch.Generator, *,
-                         pad_id: int, edit_ratio: float = 0.0, edit_weight: float = 1.0):
+                         pad_id: int, edit_ratio: float = 0.0, edit_weight: float = 1.0,
+                         mask_range: tuple[float, float] = (0.0, 1.0)):
     """LLaDA2's block-diffusion SFT loss, with LLaDA2.1's token editing when
     `edit_ratio` > 0.  `canvases` reach their last block's end (extend_to_block).
 
     Masking (M2T): as the LLaDA path (diffusion_loss, training/llada_objective.py), each
-    row masks exactly k ~ U{1..G} of its G canvas positions (k stratified over the batch) and
-    weights the cross-entropy of each masked token by 1/k: 1/t over G positions.  One
+    row masks exactly k ~ U{1..G} of its G canvas positions (k stratified over the batch;
+    `mask_range` narrows the ratio, mask_counts) and weights the cross-entropy of each
+    masked token by 1/k: 1/t over G positions.  One
     ratio per row, shared by its blocks (each block's own ratio is then spread around
     it); each noisy block is predicted from the clean blocks before it.
 
@@ -403,7 +417,7 @@ def block_diffusion_loss(model, prompts, canvases, block_length: int, mask_id: i
     g_max = int(g.max())
     in_canvas = torch.arange(g_max)[None] < g[:, None]
     strata = ((torch.arange(b) + torch.rand(b, generator=gen)) / b)[torch.randperm(b, generator=gen)]
-    k = torch.minimum((strata * g).long(), g - 1) + 1
+    k = mask_counts(g, strata, mask_range)
     keys = torch.rand(b, g_max, generator=gen)
     keys[~in_canvas] = 2.0
     masked = (keys.argsort(1).argsort(1) < k[:, None]) & in_canvas

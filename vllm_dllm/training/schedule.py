@@ -41,6 +41,28 @@ def parse_shares(text: str, names: list[str], flag: str) -> dict[str, float]:
     return shares
 
 
+def parse_mask_ranges(text: str, names: list[str]) -> dict[str, tuple[float, float]]:
+    """`0.3-0.8` (every task) or `multiply=0.5-1` (one task; others the whole range) ->
+    a (lo, hi) mask-ratio range per trained task, 0 <= lo < hi <= 1."""
+    ranges = dict.fromkeys(names, (0.0, 1.0))
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, span = item.rpartition("=")
+        if sep and name not in names:
+            raise ValueError(f"--mask-range: '{item}' names no trained task ({', '.join(names)})")
+        low, dash, high = span.partition("-")
+        try:
+            lo, hi = float(low), float(high)
+        except ValueError:
+            raise ValueError(f"--mask-range: '{span}' in '{item}' is not LO-HI, e.g. 0.3-0.8") from None
+        if not (dash and 0 <= lo < hi <= 1):
+            raise ValueError(f"--mask-range: '{span}' in '{item}' must be LO-HI with 0 <= LO < HI <= 1")
+        if sep:
+            ranges[name] = (lo, hi)
+        else:
+            ranges = dict.fromkeys(names, (lo, hi))
+    return ranges
+
+
 def task_cycle(names: list[str], weights: dict[str, int]) -> list[str]:
     """The order tasks take steps in: each name `weights[name]` times (default once),
     interleaved so a heavily weighted task never runs long stretches alone."""
