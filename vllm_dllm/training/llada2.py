@@ -377,8 +377,8 @@ def mask_counts(lengths: torch.Tensor, strata: torch.Tensor,
     """How many of each row's G canvas positions to mask: the ratio t is the row's
     stratum in [0, 1) mapped onto [lo, hi), and k = floor(t G) + 1 capped at G, so k/G
     lies in (lo, hi + 1/G].  The whole range (the default) is k ~ U{1..G}; a narrower one
-    is dFactory's noise range (its LLaDA2 configs default to 0.3-0.8), which spends the
-    steps on the ratios decoding meets first or last."""
+    trains those ratios alone, as dFactory's noise range does (its LLaDA2 configs default
+    to 0.3-0.8)."""
     lo, hi = mask_range
     t = lo + (hi - lo) * strata
     return torch.minimum((t * lengths).long(), lengths - 1) + 1
