@@ -112,30 +112,33 @@ def test_two_copy_layout_attends_as_block_causal_decoding():
         assert int(seen.max()) < first if len(seen) else True
 
 
+class _InputSpy(torch.nn.Module):
+    """A model that records the ids the loss feeds it and predicts uniformly."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = torch.nn.Linear(4, 2304, bias=False)
+        torch.nn.init.zeros_(self.head.weight)
+
+    def hidden_states(self, ids, positions, mask, valid):
+        self.seen = ids.clone()
+        return torch.ones(*ids.shape, 4)
+
+    def logits(self, hidden):
+        return self.head(hidden)
+
+
 def test_loss_masks_and_corrupts_only_the_canvas():
-    class Spy(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.head = torch.nn.Linear(4, 2304, bias=False)
-            torch.nn.init.zeros_(self.head.weight)
-
-        def hidden_states(self, ids, positions, mask, valid):
-            self.seen = ids.clone()
-            return torch.ones(*ids.shape, 4)
-
-        def logits(self, hidden):
-            return self.head(hidden)
-
     import math
 
     block, mask_id = 8, 2289
     prompts, canvases = _rows(random.Random(1), 32, block)
-    spy = Spy()
+    spy = _InputSpy()
     loss, _ = llada2.block_diffusion_loss(spy, prompts, canvases, block, mask_id, torch.Generator().manual_seed(0),
                                           pad_id=7)
     # Uniform predictions: every row costs ln V, whatever its number of masks (1/t weights).
     assert loss.item() == pytest.approx(math.log(2304), rel=1e-5)
-    spy2 = Spy()
+    spy2 = _InputSpy()
     loss2, stats = llada2.block_diffusion_loss(spy2, prompts, canvases, block, mask_id,
                                                torch.Generator().manual_seed(0), pad_id=7, edit_ratio=0.3)
     replaced = masked = 0
@@ -424,22 +427,10 @@ def test_mask_range_is_parsed_per_task_and_checked(tmp_path):
 
 
 def test_a_narrow_mask_range_masks_more_of_every_canvas():
-    class Spy(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.head = torch.nn.Linear(4, 2304, bias=False)
-
-        def hidden_states(self, ids, positions, mask, valid):
-            self.seen = ids.clone()
-            return torch.ones(*ids.shape, 4)
-
-        def logits(self, hidden):
-            return self.head(hidden)
-
     block, mask_id = 8, 2289
     prompts, canvases = _rows(random.Random(2), 32, block)
     _, _, _, _, cols = llada2.two_copy_layout(prompts, canvases, block, 7)
-    spy = Spy()
+    spy = _InputSpy()
     llada2.block_diffusion_loss(spy, prompts, canvases, block, mask_id, torch.Generator().manual_seed(0), pad_id=7,
                                 mask_range=(0.75, 1.0))
     for i, c in enumerate(canvases):
