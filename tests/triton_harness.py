@@ -22,12 +22,15 @@ import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-# Triton arrives with vLLM (through xgrammar on the CPU build, with torch on CUDA), so
-# `make test` always has it; this skip fires only in an install without vLLM's deps.
+# Triton arrives with vLLM: on the CPU build through xgrammar, which requires it on Linux
+# x86_64 (the machines `make test` runs on, Intel and AMD alike), and with torch on CUDA.
+# This skip fires only where neither holds (an ARM or macOS CPU install): the kernels, used
+# only on CUDA, then lose their interpreted coverage on that machine, and the reason says so.
 needs_triton = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None,
-    reason="triton not installed: the Triton kernels' interpreted and compiled cases cannot run "
-           "(the backend is used only on CUDA, where vLLM installs triton)",
+    reason="triton not installed (vLLM's CPU build brings it only on Linux x86_64): the Triton kernels' "
+           "interpreted and compiled cases cannot run here; the backend is used only on CUDA, where vLLM "
+           "installs triton",
 )
 
 # The compiled (non-interpreted) runs need a GPU; on a CPU-only machine the same cases
