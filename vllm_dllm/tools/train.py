@@ -167,6 +167,12 @@ def main(argv=None) -> int:
     group.add_argument("--mask-range", default="",
                        help="mask ratios drawn from LO-HI instead of the whole (0, 1]: one range, or per task, "
                             "e.g. multiply=0.5-1 (dFactory's LLaDA2 configs use 0.3-0.8)")
+    group.add_argument("--running-sum-weight", type=float, default=0.0,
+                       help="multiply's running-sum objective (training/running_sums.py): a linear probe on one "
+                            "layer's stream regresses each product digit's column sum with carry, its squared "
+                            "error added to the loss at this weight (0: off)")
+    group.add_argument("--running-sum-layer", type=int, default=None,
+                       help="the layer (0-based) whose output the probe reads (default: three quarters deep)")
     group.add_argument("--edit-weight", type=float, default=1.0,
                        help="weight of the unmasked positions' loss (per canvas position)")
     group.add_argument("--qk-gain-init", type=float, default=1.0,
@@ -215,7 +221,9 @@ def main(argv=None) -> int:
     if args.balance_tasks:
         ap.error("--balance-tasks is an --arch llada2 option (the LLaDA-format loop keeps its published recipe)")
     for flag, given in (("--grow-depth", args.grow_depth), ("--grow-heads", args.grow_heads),
-                        ("--head-dim", args.head_dim is not None), ("--mask-range", bool(args.mask_range))):
+                        ("--head-dim", args.head_dim is not None), ("--mask-range", bool(args.mask_range)),
+                        ("--running-sum-weight", bool(args.running_sum_weight)),
+                        ("--running-sum-layer", args.running_sum_layer is not None)):
         if given:
             ap.error(f"{flag} is an --arch llada2 option")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ from vllm_dllm.training.batches import BATCH_SIZES, Encoder, Llada2Encoder, make
 from vllm_dllm.training.grow import reshape_for_growth
 from vllm_dllm.training.optim import adamw, load_adamw_state
 from vllm_dllm.training.run_state import CURRICULUM_FILE, init_from, load_state, save_state
+from vllm_dllm.training.running_sums import RunningSumTerm, running_sum_targets
 from vllm_dllm.training.schedule import lr_at, parse_mask_ranges, parse_task_values, task_cycle
 from vllm_dllm.training.task_balance import TaskGradientBalance
 
@@ -101,8 +102,29 @@ def evaluate_llada2(model, task: Task, encoder: Encoder, n: int, seed: int, bloc
     return sum(score(i, encoder.decode(o)) for i, o in zip(instances, outs)) / n
 
 
-def balance_state(balance: TaskGradientBalance | None) -> dict:
-    return {} if balance is None else {"task_balance": balance.state_dict()}
+def extra_state(balance: TaskGradientBalance | None, running_sum: RunningSumTerm | None) -> dict:
+    """What a run saves beside the model: the task balance and the running-sum probe."""
+    extra = {} if balance is None else {"task_balance": balance.state_dict()}
+    if running_sum is not None:
+        extra["running_sum"] = running_sum.state_dict()
+    return extra
+
+
+def make_running_sum(args, names: list[str], ap) -> RunningSumTerm | None:
+    """The run's running-sum term (--running-sum-weight), or None when it is off."""
+    if args.running_sum_weight == 0:
+        if args.running_sum_layer is not None:
+            ap.error("--running-sum-layer places the probe of --running-sum-weight: give a weight")
+        return None
+    if "multiply" not in names:
+        ap.error("--running-sum-weight trains on multiply's product digits: --tasks has no multiply")
+    layer = args.layers * 3 // 4 - 1 if args.running_sum_layer is None else args.running_sum_layer
+    if not 0 <= layer < args.layers:
+        ap.error(f"--running-sum-layer {layer}: the model's layers are 0-{args.layers - 1}")
+    try:
+        return RunningSumTerm(args.hidden, layer, args.running_sum_weight, args.device)
+    except ValueError as exc:
+        ap.error(f"--running-sum-weight: {exc}")
 
 
 def train_llada2(args, ap) -> int:
@@ -163,6 +185,7 @@ def train_llada2(args, ap) -> int:
         model.mimetic_qk(args.mimetic_qk)
     optim = adamw(model, args.lr)
     task_balance = TaskGradientBalance() if args.balance_tasks else None
+    running_sum = make_running_sum(args, names, ap)
     data_rng = random.Random(args.seed)
     noise = torch.Generator().manual_seed(args.seed)
     curriculum = make_curriculum(names, args, ap)
@@ -202,6 +225,11 @@ def train_llada2(args, ap) -> int:
             ap.error(f"--resume: {exc}")
         if task_balance is not None and "task_balance" in state:
             task_balance.load_state_dict(state["task_balance"])
+        if running_sum is not None and "running_sum" in state:
+            try:
+                running_sum.load_state_dict(state["running_sum"])
+            except ValueError as exc:
+                ap.error(f"--resume: {exc}")
         step = state["step"]
         print(f"resumed at step {step}", flush=True)
     params = sum(p.numel() for p in model.parameters())
@@ -218,13 +246,17 @@ def train_llada2(args, ap) -> int:
             break
         drawn = curriculum.draw(cycle[step % len(cycle)], step, data_rng)
         task = drawn.task
-        _, prompts, canvases = make_batch(task, encoder, data_rng, batch_sizes[task.name])
+        instances, prompts, canvases = make_batch(task, encoder, data_rng, batch_sizes[task.name])
         canvases = [llada2.extend_to_block(c, len(p), args.block_length, ids["eos"]) for p, c in zip(prompts, canvases)]
+        sums = None
+        if running_sum is not None:
+            sums = (running_sum, running_sum_targets([i.prompt for i in instances], max(map(len, canvases))))
         for group in optim.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
         loss, stats = llada2.block_diffusion_loss(
             model, prompts, canvases, args.block_length, ids["mask"], noise, pad_id=ids["eos"],
             edit_ratio=args.edit_ratio, edit_weight=args.edit_weight, mask_range=mask_ranges[task.name],
+            running_sum=sums,
         )
         optim.zero_grad(set_to_none=True)
         loss.backward()
@@ -236,6 +268,8 @@ def train_llada2(args, ap) -> int:
                 grad.mul_(grad_scale)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optim.step()
+        if running_sum is not None:
+            running_sum.step()
         model.balance(args.bias_update)
         step += 1
         record = {"step": step, "task": task.name, "loss": round(loss.item(), 4),
@@ -262,8 +296,10 @@ def train_llada2(args, ap) -> int:
         if step % 20 == 0 or "accuracy" in record or "level" in record:
             print(json.dumps(record), flush=True)
         if step % args.save_every == 0:
-            save_state(state_path, model, optim, data_rng, noise, step, args, curriculum, **balance_state(task_balance))
-    save_state(state_path, model, optim, data_rng, noise, step, args, curriculum, **balance_state(task_balance))
+            save_state(state_path, model, optim, data_rng, noise, step, args, curriculum,
+                       **extra_state(task_balance, running_sum))
+    save_state(state_path, model, optim, data_rng, noise, step, args, curriculum,
+               **extra_state(task_balance, running_sum))
     export_llada2(model, args.out / "model", shape, moe, args.max_len, tasks, args.checkpoint_dtype,
                   curriculum.state_dict())
     print(f"wrote {args.out / 'model'} after {step} steps", flush=True)

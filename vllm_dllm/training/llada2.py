@@ -275,15 +275,22 @@ class TrainableLLaDA2(nn.Module):
         return [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, MoE)]
 
     def hidden_states(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                      valid: torch.Tensor | None = None) -> torch.Tensor:
+                      valid: torch.Tensor | None = None, tap: int | None = None):
         """Final hidden states [B, T, H]; mask: bool [B, T, T] (query, key); valid: bool
-        [B, T], the rows that are tokens (not padding)."""
+        [B, T], the rows that are tokens (not padding).  With `tap`, also the residual
+        stream after layer `tap` (0-based): (final, tapped)."""
         if valid is None:
             valid = torch.ones_like(ids, dtype=torch.bool)
+        if tap is not None and not 0 <= tap < len(self.model.layers):
+            raise ValueError(f"no layer {tap} to tap in a model of {len(self.model.layers)} layers")
         x = self.model.word_embeddings(ids)
-        for layer in self.model.layers:
+        tapped = None
+        for index, layer in enumerate(self.model.layers):
             x = layer(x, positions, mask, valid)
-        return self.model.norm(x)
+            if index == tap:
+                tapped = x
+        final = self.model.norm(x)
+        return final if tap is None else (final, tapped)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
@@ -386,7 +393,7 @@ def mask_counts(lengths: torch.Tensor, strata: torch.Tensor,
 
 def block_diffusion_loss(model, prompts, canvases, block_length: int, mask_id: int, gen: torch.Generator, *,
                          pad_id: int, edit_ratio: float = 0.0, edit_weight: float = 1.0,
-                         mask_range: tuple[float, float] = (0.0, 1.0)):
+                         mask_range: tuple[float, float] = (0.0, 1.0), running_sum=None):
     """LLaDA2's block-diffusion SFT loss, with LLaDA2.1's token editing when
     `edit_ratio` > 0.  `canvases` reach their last block's end (extend_to_block).
 
@@ -408,9 +415,15 @@ def block_diffusion_loss(model, prompts, canvases, block_length: int, mask_id: i
     which is what LLaDA2.1's T2T step reads (an edit is made where the prediction
     differs from the token with probability above the editing threshold).
 
+    Running sums (`running_sum`, a (RunningSumTerm, targets [B, G]) pair, training/
+    running_sums.py): the term's probe reads the noisy copy's stream after its layer at
+    every canvas position with a target (not NaN), and its weighted squared error joins
+    the loss.
+
     Returns (loss, stats): stats has the argmax accuracy on masked answer positions
-    (not `pad_id`; None when none was masked) and, with editing, the share of replaced
-    tokens the argmax restores and of kept ones it keeps."""
+    (not `pad_id`; None when none was masked), with editing the share of replaced
+    tokens the argmax restores and of kept ones it keeps, and with running sums the
+    probe's squared error (None when the batch has no target)."""
     b = len(prompts)
     ids, positions, mask, valid, cols = two_copy_layout(prompts, canvases, block_length, pad_id)
     g = torch.tensor([len(c) for c in canvases])
@@ -435,7 +448,14 @@ def block_diffusion_loss(model, prompts, canvases, block_length: int, mask_id: i
     rows = torch.arange(b)[:, None].expand(b, g_max)
     ids[rows[in_canvas], cols[in_canvas]] = noisy_tokens[in_canvas]
     device = next(model.parameters()).device
-    hidden = model.hidden_states(ids.to(device), positions.to(device), mask.to(device), valid.to(device))
+    term, sum_targets = running_sum if running_sum is not None else (None, None)
+    if sum_targets is not None and tuple(sum_targets.shape) != (b, g_max):
+        raise ValueError(f"running-sum targets of shape {tuple(sum_targets.shape)} for {b} canvases of up to {g_max}")
+    inputs = (ids.to(device), positions.to(device), mask.to(device), valid.to(device))
+    if term is None:
+        hidden = model.hidden_states(*inputs)
+    else:
+        hidden, tapped = model.hidden_states(*inputs, tap=term.layer)
     scored = masked | (in_canvas & (edit_ratio > 0))
     r, c = rows[scored], cols[scored]
     logits = model.logits(hidden[r.to(device), c.to(device)]).float()
@@ -444,6 +464,12 @@ def block_diffusion_loss(model, prompts, canvases, block_length: int, mask_id: i
     was_masked = masked[scored].to(device)
     weights = torch.where(was_masked, 1.0 / k.float()[r].to(device), edit_weight / g.float()[r].to(device))
     loss = (ce * weights).sum() / b
+    sum_error = None
+    if term is not None:
+        probed = ~torch.isnan(sum_targets) & in_canvas
+        if bool(probed.any()):
+            sum_error = term.loss(tapped[rows[probed].to(device), cols[probed].to(device)], sum_targets[probed])
+            loss = loss + term.weight * sum_error
     with torch.no_grad():
         hits = logits.argmax(-1) == target
         answer = was_masked & (target != pad_id)
@@ -453,6 +479,8 @@ def block_diffusion_loss(model, prompts, canvases, block_length: int, mask_id: i
             kept = ~was_masked & ~fixed
             stats["edit_fixed"] = hits[fixed].float().mean().item() if bool(fixed.any()) else None
             stats["edit_kept"] = hits[kept].float().mean().item() if bool(kept.any()) else None
+        if term is not None:
+            stats["running_sum_mse"] = None if sum_error is None else sum_error.item()
     return loss, stats
 
 

@@ -1,0 +1,182 @@
+"""Multiply's running-sum objective (training/running_sums.py): the column sums a probe
+regresses, their place on the canvas, the term in the block-diffusion loss, and the
+trainer's option around it."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from tests.test_llada2_training import SIZES, _model
+from vllm_dllm.tasks import ALL_TASKS, TRAIN
+from vllm_dllm.tools import train
+from vllm_dllm.training import llada2
+from vllm_dllm.training.run_state import load_state
+from vllm_dllm.training.running_sums import (TARGET_SCALE, RunningSumTerm, column_sums, multiply_factors,
+                                             running_sum_targets)
+
+
+def _partial_sum_through(a: int, b: int, k: int) -> int:
+    """Every partial product a_i b_j 10^(i+j) with i + j <= k, summed."""
+    da, db = str(a)[::-1], str(b)[::-1]
+    return sum(int(x) * int(y) * 10 ** (i + j) for i, x in enumerate(da) for j, y in enumerate(db) if i + j <= k)
+
+
+def test_column_sums_are_each_columns_partial_products_with_carry():
+    assert column_sums(99, 99) == [9, 98, 170, 81]  # 9801: 81 -> 1 carry 8; 81+81+8 -> 0 carry 17; ...
+    assert column_sums(4821, 97) == [4, 46, 107, 76, 23, 7]
+    assert column_sums(0, 7) == [0] and column_sums(1000, 0) == [0]
+    rng = random.Random(0)
+    for _ in range(2000):
+        a, b = rng.randrange(10 ** rng.randint(1, 4)), rng.randrange(10 ** rng.randint(1, 2))
+        sums, product = column_sums(a, b), str(a * b)
+        assert len(sums) == len(product)
+        for p, (total, digit) in enumerate(zip(sums, product)):
+            k = len(product) - 1 - p
+            assert total % 10 == int(digit)
+            # The running sum is everything at or below its column, in its column's units.
+            assert total == _partial_sum_through(a, b, k) // 10**k
+    with pytest.raises(ValueError, match="non-negative"):
+        column_sums(-3, 4)
+
+
+def test_targets_sit_on_multiply_rows_product_digits_only():
+    prompts = ["mul 4821*97=", "add 12+30=", "mul 7*8="]
+    targets = running_sum_targets(prompts, 10)
+    assert targets.shape == (3, 10)
+    assert targets[0, :6].tolist() == pytest.approx([TARGET_SCALE * s for s in column_sums(4821, 97)])
+    assert targets[2, :2].tolist() == pytest.approx([TARGET_SCALE * 5, TARGET_SCALE * 56])
+    assert torch.isnan(targets[0, 6:]).all() and torch.isnan(targets[1]).all() and torch.isnan(targets[2, 2:]).all()
+    assert multiply_factors("sort 3 1 2") is None
+    with pytest.raises(ValueError, match="past a canvas of 4"):
+        running_sum_targets(["mul 4821*97="], 4)
+    rng = random.Random(1)
+    for _ in range(50):  # the task's own prompts parse
+        inst = ALL_TASKS["multiply"].sample(rng, TRAIN)
+        a, b = multiply_factors(inst.prompt)
+        assert str(a * b) == inst.answer
+
+
+def test_the_tapped_stream_is_the_named_layers_output():
+    model = _model()
+    ids = torch.randint(0, 2000, (2, 9))
+    positions = torch.arange(9).expand(2, 9)
+    mask = torch.ones(2, 9, 9, dtype=torch.bool)
+    final, tapped = model.hidden_states(ids, positions, mask, tap=1)
+    x = model.model.word_embeddings(ids)
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    for layer in model.model.layers[:2]:
+        x = layer(x, positions, mask, valid)
+    assert torch.equal(tapped, x)
+    assert torch.equal(final, model.hidden_states(ids, positions, mask))
+    with pytest.raises(ValueError, match="no layer 3"):
+        model.hidden_states(ids, positions, mask, tap=3)
+
+
+def _batch(rng: random.Random, n: int, block: int, task: str):
+    from tests.test_llada2_training import _rows
+
+    prompts, canvases = _rows(rng, n, block)
+    texts = []
+    for i in range(n):
+        inst = ALL_TASKS[task].sample(rng, TRAIN)
+        digits = [int(ch) + 10 for ch in inst.answer] if task == "multiply" else []
+        canvases[i] = llada2.extend_to_block(digits + [7], len(prompts[i]), block, 7)
+        texts.append(inst.prompt)
+    return prompts, canvases, texts
+
+
+def test_the_term_adds_the_probes_weighted_error_to_the_loss():
+    block = 8
+    model = _model().train()
+    prompts, canvases, texts = _batch(random.Random(3), 12, block, "multiply")
+    targets = running_sum_targets(texts, max(map(len, canvases)))
+    term = RunningSumTerm(64, 1, 0.5)
+    torch.nn.init.normal_(term.probe.linear.weight, std=0.3)
+
+    def loss_with(running_sum):
+        return llada2.block_diffusion_loss(model, prompts, canvases, block, 2289, torch.Generator().manual_seed(0),
+                                           pad_id=7, edit_ratio=0.1, running_sum=running_sum)
+
+    plain, plain_stats = loss_with(None)
+    joint, stats = loss_with((term, targets))
+    assert "running_sum_mse" not in plain_stats and stats["running_sum_mse"] > 0
+    assert joint.item() == pytest.approx(plain.item() + 0.5 * stats["running_sum_mse"], rel=1e-5)
+    assert stats["answer_accuracy"] == plain_stats["answer_accuracy"], "the same masking either way"
+
+    # The probe's gradient reaches the layers up to the tapped one, not past it.
+    model.zero_grad()
+    (joint - plain).backward()
+    assert term.probe.linear.weight.grad.abs().sum() > 0
+    assert model.model.layers[1].attention.query_key_value.weight.grad.abs().sum() > 0
+    untouched = [p.grad for p in model.model.layers[2].parameters()] + [model.lm_head.weight.grad]
+    assert all(g is None or g.abs().sum() == 0 for g in untouched)
+
+    # Another task's batch has no target: the loss is the plain one.
+    prompts, canvases, texts = _batch(random.Random(4), 12, block, "addition")
+    targets = running_sum_targets(texts, max(map(len, canvases)))
+    plain, _ = loss_with(None)
+    joint, stats = loss_with((term, targets))
+    assert stats["running_sum_mse"] is None and joint.item() == plain.item()
+    with pytest.raises(ValueError, match="running-sum targets of shape"):
+        loss_with((term, targets[:, :3]))
+
+
+def test_a_fresh_probe_leaves_the_models_gradient_alone():
+    """Zero weights: until the probe has found a direction, the term moves only the probe."""
+    block = 8
+    model = _model().train()
+    prompts, canvases, texts = _batch(random.Random(5), 12, block, "multiply")
+    targets = running_sum_targets(texts, max(map(len, canvases)))
+    grads = []
+    for running_sum in (None, (RunningSumTerm(64, 1, 1.0), targets)):
+        model.zero_grad()
+        loss, _ = llada2.block_diffusion_loss(model, prompts, canvases, block, 2289, torch.Generator().manual_seed(0),
+                                              pad_id=7, running_sum=running_sum)
+        loss.backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(*grads))
+
+
+def test_the_option_trains_saves_and_resumes_the_probe(tmp_path):
+    out = tmp_path / "r"
+    common = ["--arch", "llada2", "--out", str(out), *SIZES, "--tasks", "addition,multiply", "--lr", "3e-3",
+              "--warmup", "1", "--eval-every", "1000", "--save-every", "2", "--checkpoint-dtype", "float32",
+              "--running-sum-weight", "0.1"]
+    assert train.main([*common, "--steps", "6"]) == 0
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    errors = {r["task"]: r["running_sum_mse"] for r in log}
+    assert errors["addition"] is None and errors["multiply"] > 0
+    saved = load_state(out / "state.pt")["running_sum"]
+    assert saved["layer"] == 3 * 3 // 4 - 1 and saved["probe"]["linear.weight"].abs().sum() > 0
+    with safe_open(str(out / "model" / "model.safetensors"), "pt") as weights:
+        shipped = set(weights.keys())
+    assert shipped and not any("probe" in name or "linear." in name for name in shipped), "a training device only"
+    assert train.main([*common, "--steps", "8", "--resume"]) == 0
+    resumed = load_state(out / "state.pt")["running_sum"]
+    assert resumed["optim"]["state"][0]["step"] > saved["optim"]["state"][0]["step"]
+    with pytest.raises(SystemExit):  # the saved probe reads another layer
+        train.main([*common, "--steps", "9", "--resume", "--running-sum-layer", "0"])
+
+
+@pytest.mark.parametrize("extra", [
+    ["--tasks", "addition", "--running-sum-weight", "0.1"],
+    ["--tasks", "multiply", "--running-sum-weight", "0.1", "--running-sum-layer", "3"],
+    ["--tasks", "multiply", "--running-sum-weight", "-1"],
+    ["--tasks", "multiply", "--running-sum-layer", "1"],
+])
+def test_bad_running_sum_options_are_refused_before_training(tmp_path, extra):
+    out = tmp_path / "r"
+    with pytest.raises(SystemExit):
+        train.main(["--arch", "llada2", "--out", str(out), *SIZES, "--steps", "2", "--save-every", "1", *extra])
+    assert not (out / "state.pt").exists()
+
+
+def test_the_llada_format_loop_refuses_the_option(tmp_path):
+    with pytest.raises(SystemExit):
+        train.main(["--out", str(tmp_path / "l"), "--steps", "1", "--running-sum-weight", "0.1"])
+    assert not (tmp_path / "l" / "state.pt").exists()
