@@ -195,6 +195,12 @@ class Multiply(Task):
         return Instance(self.name, f"mul {a}*{b}=", str(a * b))
 
 
+def multiply_factors(prompt: str) -> tuple[int, int] | None:
+    """(a, b) of a multiply prompt ("mul a*b="), None for any other prompt."""
+    match = re.fullmatch(r"mul (\d+)\*(\d+)=", prompt.strip())
+    return None if match is None else (int(match[1]), int(match[2]))
+
+
 class Chain(Task):
     """Two-hop retrieval over `min_pairs`-`max_pairs` pairs in two tables.  Links map a
     key (two lowercase letters) to a hub, named by one capital; hubs map their capital
@@ -338,8 +344,8 @@ def check_answer(instance: Instance) -> bool:
         numbers = [int(x) for x in prompt.removeprefix("sort ").split()]
         return answer == " ".join(map(str, sorted(numbers)))
     if instance.task == "multiply":
-        a, b = prompt.removeprefix("mul ").removesuffix("=").split("*")
-        return answer == str(int(a) * int(b))
+        a, b = multiply_factors(prompt)
+        return answer == str(a * b)
     if instance.task == "chain":
         _, links, hubs, query = prompt.split("\n")
         link_pairs = re.findall(r";([a-z]{2})=([A-Z])", links)

@@ -110,7 +110,10 @@ def extra_state(balance: TaskGradientBalance | None, running_sum: RunningSumTerm
     return extra
 
 
-def make_running_sum(args, names: list[str], ap) -> RunningSumTerm | None:
+DIGITS = "0123456789"
+
+
+def make_running_sum(args, names: list[str], encoder: Encoder, ap) -> RunningSumTerm | None:
     """The run's running-sum term (--running-sum-weight), or None when it is off."""
     if args.running_sum_weight == 0:
         if args.running_sum_layer is not None:
@@ -118,7 +121,10 @@ def make_running_sum(args, names: list[str], ap) -> RunningSumTerm | None:
         return None
     if "multiply" not in names:
         ap.error("--running-sum-weight trains on multiply's product digits: --tasks has no multiply")
-    layer = args.layers * 3 // 4 - 1 if args.running_sum_layer is None else args.running_sum_layer
+    # The targets sit at canvas position p for the product's character p.
+    if [encoder.decode([t]) for t in encoder.canvas(DIGITS, len(DIGITS) + 1)[: len(DIGITS)]] != list(DIGITS):
+        ap.error("--running-sum-weight needs a tokenizer that writes each digit as its own token")
+    layer = max(0, args.layers * 3 // 4 - 1) if args.running_sum_layer is None else args.running_sum_layer
     if not 0 <= layer < args.layers:
         ap.error(f"--running-sum-layer {layer}: the model's layers are 0-{args.layers - 1}")
     try:
@@ -185,7 +191,7 @@ def train_llada2(args, ap) -> int:
         model.mimetic_qk(args.mimetic_qk)
     optim = adamw(model, args.lr)
     task_balance = TaskGradientBalance() if args.balance_tasks else None
-    running_sum = make_running_sum(args, names, ap)
+    running_sum = make_running_sum(args, names, encoder, ap)
     data_rng = random.Random(args.seed)
     noise = torch.Generator().manual_seed(args.seed)
     curriculum = make_curriculum(names, args, ap)
@@ -230,6 +236,9 @@ def train_llada2(args, ap) -> int:
                 running_sum.load_state_dict(state["running_sum"])
             except ValueError as exc:
                 ap.error(f"--resume: {exc}")
+        elif running_sum is None and "running_sum" in state:
+            print("warning: the run was trained with --running-sum-weight; resumed without it, its probe is "
+                  "dropped at the next save", flush=True)
         step = state["step"]
         print(f"resumed at step {step}", flush=True)
     params = sum(p.numel() for p in model.parameters())

@@ -275,10 +275,15 @@ class TrainableLLaDA2(nn.Module):
         return [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, MoE)]
 
     def hidden_states(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                      valid: torch.Tensor | None = None, tap: int | None = None):
+                      valid: torch.Tensor | None = None) -> torch.Tensor:
         """Final hidden states [B, T, H]; mask: bool [B, T, T] (query, key); valid: bool
-        [B, T], the rows that are tokens (not padding).  With `tap`, also the residual
-        stream after layer `tap` (0-based): (final, tapped)."""
+        [B, T], the rows that are tokens (not padding)."""
+        return self.hidden_states_and_tap(ids, positions, mask, valid, tap=None)[0]
+
+    def hidden_states_and_tap(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                              valid: torch.Tensor | None, tap: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(final hidden states, the residual stream after layer `tap`, 0-based; None
+        without a tap), as `hidden_states` reads its inputs."""
         if valid is None:
             valid = torch.ones_like(ids, dtype=torch.bool)
         if tap is not None and not 0 <= tap < len(self.model.layers):
@@ -289,8 +294,7 @@ class TrainableLLaDA2(nn.Module):
             x = layer(x, positions, mask, valid)
             if index == tap:
                 tapped = x
-        final = self.model.norm(x)
-        return final if tap is None else (final, tapped)
+        return self.model.norm(x), tapped
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
@@ -455,7 +459,7 @@ def block_diffusion_loss(model, prompts, canvases, block_length: int, mask_id: i
     if term is None:
         hidden = model.hidden_states(*inputs)
     else:
-        hidden, tapped = model.hidden_states(*inputs, tap=term.layer)
+        hidden, tapped = model.hidden_states_and_tap(*inputs, tap=term.layer)
     scored = masked | (in_canvas & (edit_ratio > 0))
     r, c = rows[scored], cols[scored]
     logits = model.logits(hidden[r.to(device), c.to(device)]).float()

@@ -11,20 +11,23 @@ i + j = k and the carry of the column below: c_k = sum a_i b_j + c_{k-1} // 10. 
 product's digit k is c_k mod 10; past the last column the carry alone runs on.
 
 The probe is a training device: it is not part of the model and not in any checkpoint.
+Its gradient joins multiply's in the model, so under `--balance-tasks` the term takes a
+share of multiply's balanced gradient norm rather than adding to it; the logged loss
+includes the weighted error (`running_sum_mse` is logged beside it).
 """
 
 from __future__ import annotations
 
 import math
-import re
 
 import torch
 from torch import nn
 
+from vllm_dllm.tasks import multiply_factors
+
 # Sums run to about 180 (two partial products of 81 and a carry); a tenth keeps the
 # regression's scale near the cross-entropy's, one unit per ten of carry.
 TARGET_SCALE = 0.1
-_MULTIPLY_PROMPT = re.compile(r"^mul (\d+)\*(\d+)=$")
 
 
 def column_sums(a: int, b: int) -> list[int]:
@@ -41,12 +44,6 @@ def column_sums(a: int, b: int) -> list[int]:
         sums.append(total)
         carry = total // 10
     return sums[::-1]
-
-
-def multiply_factors(prompt: str) -> tuple[int, int] | None:
-    """(a, b) of a multiply task's prompt, None for any other prompt."""
-    match = _MULTIPLY_PROMPT.match(prompt.strip())
-    return None if match is None else (int(match[1]), int(match[2]))
 
 
 def running_sum_targets(prompts: list[str], canvas_length: int) -> torch.Tensor:
@@ -95,6 +92,7 @@ class RunningSumTerm:
             raise ValueError(f"a running-sum weight must be positive, not {weight}")
         self.probe = RunningSumProbe(hidden).to(device)
         self.layer, self.weight = layer, weight
+        # Adam's own betas: a convex regression on a stream that moves slowly.
         self.optim = torch.optim.AdamW(self.probe.parameters(), lr=self.PROBE_LR, weight_decay=0.0)
 
     def loss(self, states: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
