@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from tests.test_llada2_training import SIZES, _model
+from tests.test_llada2_training import SIZES, _model, _rows
 from vllm_dllm.tasks import ALL_TASKS, TRAIN, multiply_factors
 from vllm_dllm.tools import train
 from vllm_dllm.tools.train_llada2 import make_running_sum
@@ -76,48 +76,46 @@ def test_the_tapped_stream_is_the_named_layers_output():
         model.hidden_states_and_tap(ids, positions, mask, None, tap=3)
 
 
-def _batch(rng: random.Random, n: int, block: int, task: str):
-    from tests.test_llada2_training import _rows
+BLOCK = 8
 
-    prompts, canvases = _rows(rng, n, block)
+
+def _batch(rng: random.Random, n: int, task: str):
+    """Prompts, canvases holding `task`'s answers as digit stand-ins, and the targets."""
+    prompts, canvases = _rows(rng, n, BLOCK)
     texts = []
     for i in range(n):
         inst = ALL_TASKS[task].sample(rng, TRAIN)
         digits = [int(ch) + 10 for ch in inst.answer] if task == "multiply" else []
-        canvases[i] = llada2.extend_to_block(digits + [7], len(prompts[i]), block, 7)
+        canvases[i] = llada2.extend_to_block(digits + [7], len(prompts[i]), BLOCK, 7)
         texts.append(inst.prompt)
-    return prompts, canvases, texts
+    return prompts, canvases, running_sum_targets(texts, max(map(len, canvases)))
+
+
+def _loss(model, batch, running_sum, **options):
+    prompts, canvases, _ = batch
+    return llada2.block_diffusion_loss(model, prompts, canvases, BLOCK, 2289, torch.Generator().manual_seed(0),
+                                       pad_id=7, running_sum=running_sum, **options)
 
 
 def test_the_term_adds_the_probes_weighted_error_to_the_loss():
-    block = 8
     model = _model().train()
-    prompts, canvases, texts = _batch(random.Random(3), 12, block, "multiply")
-    targets = running_sum_targets(texts, max(map(len, canvases)))
+    batch = _batch(random.Random(3), 12, "multiply")
+    targets = batch[2]
     term = RunningSumTerm(64, 1, 0.5)
     torch.nn.init.normal_(term.probe.linear.weight, std=0.3)
-
-    def loss_with(running_sum):
-        return llada2.block_diffusion_loss(model, prompts, canvases, block, 2289, torch.Generator().manual_seed(0),
-                                           pad_id=7, edit_ratio=0.1, running_sum=running_sum)
-
-    plain, plain_stats = loss_with(None)
-    joint, stats = loss_with((term, targets))
+    plain, plain_stats = _loss(model, batch, None, edit_ratio=0.1)
+    joint, stats = _loss(model, batch, (term, targets), edit_ratio=0.1)
     assert "running_sum_mse" not in plain_stats and stats["running_sum_mse"] > 0
     assert joint.item() == pytest.approx(plain.item() + 0.5 * stats["running_sum_mse"], rel=1e-5)
     assert stats["answer_accuracy"] == plain_stats["answer_accuracy"], "the same masking either way"
 
     # Another task's batch has no target: the loss is the plain one.
-    other, other_canvases, other_texts = _batch(random.Random(4), 12, block, "addition")
-    other_targets = running_sum_targets(other_texts, max(map(len, other_canvases)))
-    alone, _ = llada2.block_diffusion_loss(model, other, other_canvases, block, 2289,
-                                           torch.Generator().manual_seed(0), pad_id=7)
-    joint, stats = llada2.block_diffusion_loss(model, other, other_canvases, block, 2289,
-                                               torch.Generator().manual_seed(0), pad_id=7,
-                                               running_sum=(term, other_targets))
+    other = _batch(random.Random(4), 12, "addition")
+    alone, _ = _loss(model, other, None)
+    joint, stats = _loss(model, other, (term, other[2]))
     assert stats["running_sum_mse"] is None and joint.item() == pytest.approx(alone.item(), rel=1e-6)
     with pytest.raises(ValueError, match="running-sum targets of shape"):
-        loss_with((term, targets[:, :3]))
+        _loss(model, batch, (term, targets[:, :3]))
 
 
 def test_the_probes_gradient_reaches_the_tapped_layer_and_none_past_it():
@@ -136,16 +134,13 @@ def test_the_probes_gradient_reaches_the_tapped_layer_and_none_past_it():
 
 def test_a_fresh_probe_leaves_the_models_gradient_alone():
     """Zero weights: until the probe has found a direction, the term moves only the probe."""
-    block = 8
     model = _model().train()
-    prompts, canvases, texts = _batch(random.Random(5), 12, block, "multiply")
-    targets = running_sum_targets(texts, max(map(len, canvases)))
+    batch = _batch(random.Random(5), 12, "multiply")
     term = RunningSumTerm(64, 1, 1.0)
     grads = []
-    for running_sum in (None, (term, targets)):
+    for running_sum in (None, (term, batch[2])):
         model.zero_grad()
-        loss, stats = llada2.block_diffusion_loss(model, prompts, canvases, block, 2289,
-                                                  torch.Generator().manual_seed(0), pad_id=7, running_sum=running_sum)
+        loss, stats = _loss(model, batch, running_sum)
         loss.backward()
         grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
     assert stats["running_sum_mse"] > 0 and term.probe.linear.bias.grad.abs().sum() > 0, "the term was there"
