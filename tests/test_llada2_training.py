@@ -14,7 +14,7 @@ from tests.oracle_llada2 import block_causal_mask as oracle_mask
 from tests.oracle_llada2 import llada2_generate, load_llada2_oracle
 from vllm_dllm.tasks import ALL_TASKS, TEST
 from vllm_dllm.tools import train
-from vllm_dllm.training import llada2
+from vllm_dllm.training import llada2, llada2_objective
 from vllm_dllm.training.batches import Llada2Encoder
 from vllm_dllm.training.run_state import CURRICULUM_FILE
 
@@ -38,7 +38,8 @@ def _model(seed: int = 0) -> llada2.TrainableLLaDA2:
 
 def _rows(rng: random.Random, n: int, block: int):
     prompts = [[rng.randrange(2000) for _ in range(rng.randint(3, 20))] for _ in range(n)]
-    canvases = [llada2.extend_to_block([rng.randrange(2000) for _ in range(rng.randint(1, 12))], len(p), block, 7)
+    canvases = [llada2_objective.extend_to_block([rng.randrange(2000) for _ in range(rng.randint(1, 12))], len(p),
+                                                 block, 7)
                 for p in prompts]
     return prompts, canvases
 
@@ -93,7 +94,7 @@ def test_two_copy_layout_attends_as_block_causal_decoding():
     # clean copy's are too.  Rows of different lengths pad without leaking.
     model, block = _model(), 8
     prompts, canvases = _rows(random.Random(0), 4, block)
-    ids, positions, mask, valid, cols = llada2.two_copy_layout(prompts, canvases, block, pad=7)
+    ids, positions, mask, valid, cols = llada2_objective.two_copy_layout(prompts, canvases, block, pad=7)
     hidden = model.hidden_states(ids, positions, mask, valid)
     for i, (p, c) in enumerate(zip(prompts, canvases)):
         seq = torch.tensor(p + c)
@@ -134,15 +135,15 @@ def test_loss_masks_and_corrupts_only_the_canvas():
     block, mask_id = 8, 2289
     prompts, canvases = _rows(random.Random(1), 32, block)
     spy = _InputSpy()
-    loss, _ = llada2.block_diffusion_loss(spy, prompts, canvases, block, mask_id, torch.Generator().manual_seed(0),
-                                          pad_id=7)
+    loss, _ = llada2_objective.block_diffusion_loss(spy, prompts, canvases, block, mask_id,
+                                                    torch.Generator().manual_seed(0), pad_id=7)
     # Uniform predictions: every row costs ln V, whatever its number of masks (1/t weights).
     assert loss.item() == pytest.approx(math.log(2304), rel=1e-5)
     spy2 = _InputSpy()
-    loss2, stats = llada2.block_diffusion_loss(spy2, prompts, canvases, block, mask_id,
-                                               torch.Generator().manual_seed(0), pad_id=7, edit_ratio=0.3)
+    loss2, stats = llada2_objective.block_diffusion_loss(spy2, prompts, canvases, block, mask_id,
+                                                         torch.Generator().manual_seed(0), pad_id=7, edit_ratio=0.3)
     replaced = masked = 0
-    _, _, _, _, cols = llada2.two_copy_layout(prompts, canvases, block, 7)
+    _, _, _, _, cols = llada2_objective.two_copy_layout(prompts, canvases, block, 7)
     for i, (p, c) in enumerate(zip(prompts, canvases)):
         row = spy2.seen[i]
         context = len(p) + len(c) - block
@@ -392,10 +393,10 @@ def test_mask_counts_keep_every_ratio_inside_the_range():
     strata = torch.rand(len(lengths), generator=torch.Generator().manual_seed(3))
     strata[:6] = 0.0  # the ends of the stratified draw are reached
     strata[6:12] = 1.0 - 1e-7
-    whole = llada2.mask_counts(lengths, strata)
+    whole = llada2_objective.mask_counts(lengths, strata)
     assert torch.equal(whole, torch.minimum((strata * lengths).long(), lengths - 1) + 1), "U{1..G} by default"
     lo, hi = 0.5, 0.8
-    k = llada2.mask_counts(lengths, strata, (lo, hi))
+    k = llada2_objective.mask_counts(lengths, strata, (lo, hi))
     assert bool((k >= 1).all() and (k <= lengths).all())
     ratio = k / lengths
     assert bool((ratio > lo).all()), "no row masks half its canvas or fewer"
@@ -429,10 +430,10 @@ def test_mask_range_is_parsed_per_task_and_checked(tmp_path):
 def test_a_narrow_mask_range_masks_more_of_every_canvas():
     block, mask_id = 8, 2289
     prompts, canvases = _rows(random.Random(2), 32, block)
-    _, _, _, _, cols = llada2.two_copy_layout(prompts, canvases, block, 7)
+    _, _, _, _, cols = llada2_objective.two_copy_layout(prompts, canvases, block, 7)
     spy = _InputSpy()
-    llada2.block_diffusion_loss(spy, prompts, canvases, block, mask_id, torch.Generator().manual_seed(0), pad_id=7,
-                                mask_range=(0.75, 1.0))
+    llada2_objective.block_diffusion_loss(spy, prompts, canvases, block, mask_id, torch.Generator().manual_seed(0),
+                                          pad_id=7, mask_range=(0.75, 1.0))
     for i, c in enumerate(canvases):
         masked = int((spy.seen[i][cols[i, : len(c)]] == mask_id).sum())
         assert 0.75 * len(c) < masked <= len(c)

@@ -14,7 +14,7 @@ from tests.test_llada2_training import SIZES, _model, _rows
 from vllm_dllm.tasks import ALL_TASKS, TRAIN, multiply_factors
 from vllm_dllm.tools import train
 from vllm_dllm.tools.train_llada2 import make_running_sum
-from vllm_dllm.training import llada2
+from vllm_dllm.training import llada2_objective
 from vllm_dllm.training.run_state import load_state
 from vllm_dllm.training.running_sums import TARGET_SCALE, RunningSumTerm, column_sums, running_sum_targets
 
@@ -86,15 +86,16 @@ def _batch(rng: random.Random, n: int, task: str):
     for i in range(n):
         inst = ALL_TASKS[task].sample(rng, TRAIN)
         digits = [int(ch) + 10 for ch in inst.answer] if task == "multiply" else []
-        canvases[i] = llada2.extend_to_block(digits + [7], len(prompts[i]), BLOCK, 7)
+        canvases[i] = llada2_objective.extend_to_block(digits + [7], len(prompts[i]), BLOCK, 7)
         texts.append(inst.prompt)
     return prompts, canvases, running_sum_targets(texts, max(map(len, canvases)))
 
 
 def _loss(model, batch, running_sum, **options):
     prompts, canvases, _ = batch
-    return llada2.block_diffusion_loss(model, prompts, canvases, BLOCK, 2289, torch.Generator().manual_seed(0),
-                                       pad_id=7, running_sum=running_sum, **options)
+    return llada2_objective.block_diffusion_loss(model, prompts, canvases, BLOCK, 2289,
+                                                 torch.Generator().manual_seed(0), pad_id=7,
+                                                 running_sum=running_sum, **options)
 
 
 def test_the_term_adds_the_probes_weighted_error_to_the_loss():

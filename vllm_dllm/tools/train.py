@@ -16,8 +16,8 @@ checkpoint, and `--export DIR` writes one from the last saved state.
 `--arch llada2` trains a LLaDA2.x-format model (`llada2_moe`: block-causal attention,
 MoE with a shared expert and dense first layers, QK-norm, partial RoPE) with LLaDA2's
 block-diffusion objective and LLaDA2.1's token editing (`--edit-ratio`), and writes an
-unmodified LLaDA2 checkpoint (its loop: vllm_dllm/tools/train_llada2.py; model and
-objective: vllm_dllm/training/llada2.py; the same curriculum, task weights, saving and
+unmodified LLaDA2 checkpoint (its loop: vllm_dllm/tools/train_llada2.py; model:
+vllm_dllm/training/llada2.py; objective: training/llada2_objective.py; the same curriculum, task weights, saving and
 resuming).  Tasks: names, or `all` (the original four),
 `hard` (sort, multiply, chain, brackets), `every` (both).
 """

@@ -1,7 +1,7 @@
 """`python -m vllm_dllm.tools.train --arch llada2`: the LLaDA2.x-format run of the
 training tool (vllm_dllm/tools/train.py holds the command line and the LLaDA-format
-loop; vllm_dllm/training/ the task batches, run state, schedule, and in llada2.py the
-model and its objective).
+loop; vllm_dllm/training/ the task batches, run state, schedule, the model in llada2.py
+and its objective in llada2_objective.py).
 Block diffusion with LLaDA2.1's token editing, the same curriculum, task weights,
 saving and resuming as the LLaDA loop, and an unmodified LLaDA2 checkpoint at the end.
 """
@@ -135,7 +135,7 @@ def make_running_sum(args, names: list[str], encoder: Encoder, ap) -> RunningSum
 
 def train_llada2(args, ap) -> int:
     """The training loop of `--arch llada2` (block diffusion, token editing)."""
-    from vllm_dllm.training import convert_llada, llada2
+    from vllm_dllm.training import convert_llada, llada2, llada2_objective
 
     args.out.mkdir(parents=True, exist_ok=True)
     tok_dir = args.out / "tokenizer"
@@ -256,13 +256,14 @@ def train_llada2(args, ap) -> int:
         drawn = curriculum.draw(cycle[step % len(cycle)], step, data_rng)
         task = drawn.task
         instances, prompts, canvases = make_batch(task, encoder, data_rng, batch_sizes[task.name])
-        canvases = [llada2.extend_to_block(c, len(p), args.block_length, ids["eos"]) for p, c in zip(prompts, canvases)]
+        canvases = [llada2_objective.extend_to_block(c, len(p), args.block_length, ids["eos"])
+                    for p, c in zip(prompts, canvases)]
         sums = None
         if running_sum is not None:
             sums = (running_sum, running_sum_targets([i.prompt for i in instances], max(map(len, canvases))))
         for group in optim.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
-        loss, stats = llada2.block_diffusion_loss(
+        loss, stats = llada2_objective.block_diffusion_loss(
             model, prompts, canvases, args.block_length, ids["mask"], noise, pad_id=ids["eos"],
             edit_ratio=args.edit_ratio, edit_weight=args.edit_weight, mask_range=mask_ranges[task.name],
             running_sum=sums,
