@@ -32,7 +32,7 @@ from vllm_dllm.options import LLADA2, resolve  # noqa: E402
 from vllm_dllm.server_defaults import ServerDefaults  # noqa: E402
 from vllm_dllm.tasks import resolve_tasks, score  # noqa: E402
 from vllm_dllm.training.batches import Llada2Encoder  # noqa: E402
-from vllm_dllm.training.llada2 import extend_to_block  # noqa: E402
+from vllm_dllm.training.llada2_objective import extend_to_block  # noqa: E402
 
 SETTINGS = {
     "2.1 quality": {"mode": "quality"},
