@@ -30,7 +30,7 @@ from tests.oracle_llada2 import llada2_generate, load_llada2_oracle  # noqa: E40
 from vllm_dllm.eval import canvas_for, instances  # noqa: E402
 from vllm_dllm.options import LLADA2, resolve  # noqa: E402
 from vllm_dllm.server_defaults import ServerDefaults  # noqa: E402
-from vllm_dllm.tasks import resolve_tasks, score  # noqa: E402
+from vllm_dllm.tasks import closest_answer, resolve_tasks, score  # noqa: E402
 from vllm_dllm.training.batches import Llada2Encoder  # noqa: E402
 from vllm_dllm.training.llada2_objective import extend_to_block  # noqa: E402
 
@@ -71,17 +71,20 @@ def run_setting(oracle, encoder, ids: dict, defaults, xargs: dict, tasks, n: int
         items = instances(task, n, seed)
         for item in items:
             prompt = encoder.prompt(item.prompt)
-            target = extend_to_block(encoder.canvas(item.answer, gen_length), len(prompt),
-                                     options.block_length, ids["eos"])
             log: list[tuple[int, int, int]] = []
             result = llada2_generate(
                 oracle, prompt, gen_length=gen_length, mask_id=ids["mask"], eos_id=ids["eos"],
                 block_length=options.block_length, steps=options.steps, threshold=options.threshold,
                 minimal_topk=options.minimal_topk, editing_threshold=options.editing_threshold,
                 max_post_steps=options.max_post_steps, num_to_transfer=options.num_to_transfer, edit_log=log)
+            text = encoder.decode(result.tokens)
+            # Edits are judged against the accepted answer the output wrote (a multiply
+            # product with or without its working).
+            target = extend_to_block(encoder.canvas(closest_answer(item, text), gen_length), len(prompt),
+                                     options.block_length, ids["eos"])
             for kind, count in classify(log, target).items():
                 totals[kind] += count
-            correct += score(item, encoder.decode(result.tokens))
+            correct += score(item, text)
             forwards += result.forwards
             edited += len(log)
         rows.append({"task": task.name, "n": len(items), "accuracy": correct / len(items),

@@ -29,7 +29,7 @@ sys.path.insert(0, str(HERE))  # report.py beside this script
 
 from report import print_and_write  # noqa: E402
 from vllm_dllm.eval import OFFLINE_ENGINE, OfflineRunner  # noqa: E402
-from vllm_dllm.tasks import TEST, TRAIN, Instance, Multiply  # noqa: E402
+from vllm_dllm.tasks import TEST, TRAIN, Instance, Multiply, multiply_product, score  # noqa: E402
 
 MULTIPLICAND_DIGITS = (2, 3, 4)
 TENS_EXPLANATIONS = ("carry left out", "a0*b1 left out", "a1*b0 left out", "right +1", "right -1", "right +2",
@@ -49,9 +49,9 @@ def factors(instance: Instance) -> tuple[int, int]:
 
 
 def tens_explanations(instance: Instance, predicted: str) -> list[str] | None:
-    """The explanations that give the tens digit `predicted` wrote, or None when the
-    answer is not of the right length, or its tens digit is right."""
-    got, want = predicted.strip(), instance.answer
+    """The explanations that give the tens digit of the product `predicted` ends with,
+    or None when that product is not of the right length, or its tens digit is right."""
+    got, want = multiply_product(predicted.strip()), multiply_product(instance.answer)
     if len(got) != len(want) or len(want) < 2 or not got.isdigit() or got[-2] == want[-2]:
         return None
     a, b = factors(instance)
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
         for split in (TRAIN, TEST):
             items = products(digits, args.n, split, args.seed)
             texts, _, _ = runner.run(items, canvas, {})
-            result["right"][size][split] = [sum(t.strip() == i.answer for i, t in zip(items, texts)), len(items)]
+            result["right"][size][split] = [sum(score(i, t) for i, t in zip(items, texts)), len(items)]
             if digits == 2:
                 for item, text in zip(items, texts):
                     explained = tens_explanations(item, text)

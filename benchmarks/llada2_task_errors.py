@@ -12,8 +12,9 @@ Sort answers are classed: correct; not a list of numbers; a number the input doe
 hold (a number copied with a digit from elsewhere), and among those, one that differs
 from the right number at its place in one digit; numbers dropped or added; the right
 count with an input number repeated in place of another; the right numbers in the
-wrong order.  Multiply answers: correct; the wrong length (or not a number); or, with the right
-length, by the lowest wrong digit (0 = units): the units digit is a*b's units digit
+wrong order.  Multiply answers, by the product they end with: correct; the product right and the
+written partial products (a two-digit multiplier's working) not; the product of the wrong
+length (or not a number); or, with the right length, by the lowest wrong digit (0 = units): the units digit is a*b's units digit
 alone, each digit above it needs the carries from below, so a model that multiplies
 digit by digit but loses carries goes wrong above the units first.
 Writes results.json and table.md.
@@ -33,7 +34,7 @@ sys.path.insert(0, str(HERE))  # report.py beside this script
 
 from report import print_and_write  # noqa: E402
 from vllm_dllm.eval import OFFLINE_ENGINE, OfflineRunner, instances  # noqa: E402
-from vllm_dllm.tasks import ALL_TASKS, Instance  # noqa: E402
+from vllm_dllm.tasks import ALL_TASKS, Instance, multiply_product, score  # noqa: E402
 
 SORT_CLASSES = (
     "correct",
@@ -45,8 +46,8 @@ SORT_CLASSES = (
     "an input number repeated in place of another",
     "right numbers, wrong order",
 )
-MULTIPLY_CLASSES = ("correct", "wrong length or not a number", "units digit wrong", "units right, tens wrong",
-                    "units and tens right, higher digit wrong")
+MULTIPLY_CLASSES = ("correct", "product right, working wrong", "wrong length or not a number", "units digit wrong",
+                    "units right, tens wrong", "units and tens right, higher digit wrong")
 DECODINGS = {"default": {}, "one token a step": {"threshold": 1.0}}
 
 
@@ -74,13 +75,18 @@ def classify_sort(instance: Instance, predicted: str) -> str:
 
 
 def classify_multiply(instance: Instance, predicted: str) -> str:
-    want, got = instance.answer, predicted.strip()
-    if got == want:
+    """By the product the answer ends with; a two-digit multiplier's written partial
+    products (the working) are checked only when the product is right, and a right
+    product written alone is correct (`tasks.accepted_answers`)."""
+    if score(instance, predicted):
         return "correct"
+    want, got = multiply_product(instance.answer), multiply_product(predicted.strip())
+    if got == want:
+        return "product right, working wrong"
     if len(got) != len(want) or not got.isdigit():
         return "wrong length or not a number"
     lowest = next(i for i in range(len(want)) if got[-1 - i] != want[-1 - i])
-    return MULTIPLY_CLASSES[2 + min(lowest, 2)]
+    return MULTIPLY_CLASSES[3 + min(lowest, 2)]
 
 
 def sort_size(instance: Instance) -> str:

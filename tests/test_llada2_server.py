@@ -111,7 +111,8 @@ def test_eval_decodes_with_the_servers_defaults(server):
     runner = ServerRunner(server.base_url, None)
     assert not runner.exact and runner.block_length == 32
     assert runner.default_canvas(ALL_TASKS["multiply"], {}) == 32
-    assert runner.default_canvas(ALL_TASKS["multiply"], {"block_length": 8}) == 8
+    assert runner.default_canvas(ALL_TASKS["addition"], {"block_length": 8}) == 8
+    assert runner.default_canvas(ALL_TASKS["multiply"], {"block_length": 8}) == 24
     assert runner.default_canvas(ALL_TASKS["sort"], {}) == 48
     body = runner.body(Instance("multiply", "mul 3*4=", "12"), 32, {"threshold": 0.5})
     assert body["vllm_xargs"] == {"threshold": 0.5} and body["max_tokens"] == 32

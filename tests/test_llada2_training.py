@@ -260,7 +260,7 @@ def test_oracle_logits_equal_the_training_forward(trained):
     model.eval()
     encoder = Llada2Encoder(trained / "tokenizer", ids)
     inst = ALL_TASKS["multiply"].sample(random.Random(0), TEST)
-    tokens = torch.tensor(encoder.prompt(inst.prompt) + encoder.canvas(inst.answer, 8) + [ids["mask"]] * 6)
+    tokens = torch.tensor(encoder.prompt(inst.prompt) + encoder.canvas(inst.answer, 24) + [ids["mask"]] * 6)
     want = oracle.forward(tokens, oracle_mask(len(tokens), 8))
     pos = torch.arange(len(tokens))[None]
     got = model.logits(model.hidden_states(tokens[None], pos, llada2.block_causal_mask(

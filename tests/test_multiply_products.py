@@ -20,24 +20,27 @@ def test_products_have_the_asked_size_and_split(digits, split):
     for item in items:
         a, b = _benchmark().factors(item)
         assert len(str(a)) == digits and 10 <= b <= 99, item.prompt
-        assert _split_of(item.prompt) == split and item.answer == str(a * b)
+        assert _split_of(item.prompt) == split and item.answer.endswith(f"={a * b}")
     assert len({i.prompt for i in items}) > 20, "distinct draws, not one repeated"
     assert items == _benchmark().products(digits, 30, split, seed=0), "seeded"
 
 
 # 23 * 45 = 1035: a0 b1 = 12, a1 b0 = 10, carry(a0 b0 = 15) = 1, tens (12 + 10 + 1) % 10 = 3.
-PRODUCT = Instance("multiply", "mul 23*45=", "1035")
+# The answer writes the partial products 23 * 5 and 23 * 40 first; the product ends it.
+PRODUCT = Instance("multiply", "mul 23*45=", "115+920=1035")
 
 
 @pytest.mark.parametrize("predicted, explained", [
-    ("1025", ["carry left out", "right -1"]),  # 22
-    ("1015", ["a0*b1 left out", "right -2"]),  # 11
-    ("1045", ["right +1"]),
-    ("1055", ["right +2"]),
-    ("1095", []),
-    (" 1035", None),  # the tens digit is right
-    ("135", None),  # the wrong length
-    ("10x5", None),
+    ("115+920=1025", ["carry left out", "right -1"]),  # 22
+    ("115+920=1015", ["a0*b1 left out", "right -2"]),  # 11
+    ("115+920=1045", ["right +1"]),
+    ("1045", ["right +1"]),  # the product alone, without its working
+    ("115+940=1055", ["right +2"]),
+    ("115+920=1095", []),
+    (" 115+920=1035", None),  # the tens digit is right
+    ("115+930=1035", None),  # the working wrong, the product's tens digit right
+    ("115+920=135", None),  # the wrong length
+    ("115+920=10x5", None),
 ])
 def test_a_wrong_tens_digit_is_matched_to_the_partial_sums_that_give_it(predicted, explained):
     assert _benchmark().tens_explanations(PRODUCT, predicted) == explained

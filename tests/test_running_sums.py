@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.test_llada2_training import SIZES, _model, _rows
-from vllm_dllm.tasks import ALL_TASKS, TRAIN, multiply_factors
+from vllm_dllm.tasks import ALL_TASKS, TRAIN, Instance, multiply_factors
 from vllm_dllm.tools import train
 from vllm_dllm.tools.train_llada2 import make_running_sum
 from vllm_dllm.training import llada2_objective
@@ -44,20 +44,26 @@ def test_column_sums_are_each_columns_partial_products_with_carry():
 
 
 def test_targets_sit_on_multiply_rows_product_digits_only():
-    prompts = ["mul 4821*97=", "add 12+30=", "mul 7*8="]
-    targets = running_sum_targets(prompts, 10)
-    assert targets.shape == (3, 10)
-    assert targets[0, :6].tolist() == pytest.approx([TARGET_SCALE * s for s in column_sums(4821, 97)])
+    instances = [Instance("multiply", "mul 4821*97=", "33747+433890=467637"), Instance("addition", "add 12+30=", "42"),
+                 Instance("multiply", "mul 7*8=", "56"), Instance("multiply", "mul 4821*97=", "467637")]
+    targets = running_sum_targets(instances, 20)
+    assert targets.shape == (4, 20)
+    # The product ends the answer: after the written working, or alone.
+    assert targets[0, 13:19].tolist() == pytest.approx([TARGET_SCALE * s for s in column_sums(4821, 97)])
+    assert targets[3, :6].tolist() == pytest.approx([TARGET_SCALE * s for s in column_sums(4821, 97)])
     assert targets[2, :2].tolist() == pytest.approx([TARGET_SCALE * 5, TARGET_SCALE * 56])
-    assert torch.isnan(targets[0, 6:]).all() and torch.isnan(targets[1]).all() and torch.isnan(targets[2, 2:]).all()
+    assert torch.isnan(targets[0, :13]).all() and torch.isnan(targets[0, 19:]).all()
+    assert torch.isnan(targets[1]).all() and torch.isnan(targets[2, 2:]).all() and torch.isnan(targets[3, 6:]).all()
     assert multiply_factors("sort 3 1 2") is None
-    with pytest.raises(ValueError, match="past a canvas of 4"):
-        running_sum_targets(["mul 4821*97="], 4)
+    with pytest.raises(ValueError, match="past a canvas of 12"):
+        running_sum_targets(instances[:1], 12)
+    with pytest.raises(ValueError, match="does not end with the product"):
+        running_sum_targets([Instance("multiply", "mul 4821*97=", "33747+433890=46763")], 20)
     rng = random.Random(1)
     for _ in range(50):  # the task's own prompts parse
         inst = ALL_TASKS["multiply"].sample(rng, TRAIN)
         a, b = multiply_factors(inst.prompt)
-        assert str(a * b) == inst.answer
+        assert inst.answer.endswith(str(a * b))
 
 
 def test_the_tapped_stream_is_the_named_layers_output():
@@ -77,18 +83,19 @@ def test_the_tapped_stream_is_the_named_layers_output():
 
 
 BLOCK = 8
+ANSWER_STAND_INS = {**{str(d): d + 10 for d in range(10)}, "+": 20, "=": 21}
 
 
 def _batch(rng: random.Random, n: int, task: str):
     """Prompts, canvases holding `task`'s answers as digit stand-ins, and the targets."""
     prompts, canvases = _rows(rng, n, BLOCK)
-    texts = []
+    instances = []
     for i in range(n):
         inst = ALL_TASKS[task].sample(rng, TRAIN)
-        digits = [int(ch) + 10 for ch in inst.answer] if task == "multiply" else []
-        canvases[i] = llada2_objective.extend_to_block(digits + [7], len(prompts[i]), BLOCK, 7)
-        texts.append(inst.prompt)
-    return prompts, canvases, running_sum_targets(texts, max(map(len, canvases)))
+        answer = [ANSWER_STAND_INS[ch] for ch in inst.answer] if task == "multiply" else []
+        canvases[i] = llada2_objective.extend_to_block(answer + [7], len(prompts[i]), BLOCK, 7)
+        instances.append(inst)
+    return prompts, canvases, running_sum_targets(instances, max(map(len, canvases)))
 
 
 def _loss(model, batch, running_sum, **options):

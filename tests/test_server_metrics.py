@@ -251,7 +251,7 @@ def test_eval_decodes_a_llada_server_exactly(server):
 
     runner = ServerRunner(server.base_url, None)
     assert runner.exact
-    assert runner.default_canvas(ALL_TASKS["multiply"], {"block_length": 32}) == 8
+    assert runner.default_canvas(ALL_TASKS["addition"], {"block_length": 32}) == 8
     body = runner.body(Instance("addition", "add 1+2=", "3"), 8, {"remasking": "random"})
     assert body["vllm_xargs"] == {"steps": 8, "block_length": 8, "remasking": "random"}
 

@@ -35,17 +35,20 @@ def test_a_sort_answer_is_classed_by_what_went_wrong(predicted, kind):
     assert _benchmark().classify_sort(SORT, predicted) == kind
 
 
-MULTIPLY = Instance("multiply", "mul 6634*61=", "404674")
+MULTIPLY = Instance("multiply", "mul 6634*61=", "6634+398040=404674")
 
 
 @pytest.mark.parametrize("predicted, kind", [
-    ("404674 ", "correct"),
-    ("40467", "wrong length or not a number"),
-    ("4046a4", "wrong length or not a number"),
-    ("404675", "units digit wrong"),
+    ("6634+398040=404674 ", "correct"),
+    ("404674", "correct"),  # the product alone is an accepted answer
+    ("6634+398041=404674", "product right, working wrong"),
+    ("6634+39804=404674", "product right, working wrong"),
+    ("6634+398040=40467", "wrong length or not a number"),
+    ("6634+398040=4046a4", "wrong length or not a number"),
+    ("6634+398040=404675", "units digit wrong"),
     ("404664", "units right, tens wrong"),
-    ("400994", "units right, tens wrong"),
-    ("414674", "units and tens right, higher digit wrong"),
+    ("6634+398040=400994", "units right, tens wrong"),
+    ("6634+398040=414674", "units and tens right, higher digit wrong"),
 ])
 def test_a_product_is_classed_by_its_lowest_wrong_digit(predicted, kind):
     assert _benchmark().classify_multiply(MULTIPLY, predicted) == kind

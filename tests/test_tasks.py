@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from vllm_dllm.tasks import TASKS, TEST, TRAIN, Instance, _split_of, char_score, score
+from vllm_dllm.tasks import TASKS, TEST, TRAIN, Instance, _split_of, char_score, check_answer, multiply_factors, score
 from vllm_dllm.training.checkpoint import build_tokenizer
 
 
@@ -115,7 +115,7 @@ def test_original_tasks_draw_the_same_instances_as_before():
 
 @pytest.mark.parametrize("name", ["sort", "multiply", "chain", "brackets"])
 def test_hard_tasks_are_seeded_split_and_checked(name):
-    from vllm_dllm.tasks import HARD_TASKS, check_answer
+    from vllm_dllm.tasks import HARD_TASKS
 
     task = HARD_TASKS[name]
     a = [task.sample(random.Random(5), TRAIN) for _ in range(3)]
@@ -148,7 +148,12 @@ def test_hard_task_formats_and_sizes():
         assert [int(x) for x in s.answer.split()] == sorted(numbers)
         m = HARD_TASKS["multiply"].draw(rng)
         a, b = m.prompt.removeprefix("mul ").removesuffix("=").split("*")
-        assert len(a) <= 4 and len(b) <= 2 and int(m.answer) == int(a) * int(b)
+        assert len(a) <= 4 and len(b) <= 2 and m.answer.endswith(str(int(a) * int(b)))
+        if len(b) == 2:  # the working: a times the units digit, a times the tens, then the sum
+            assert m.answer == f"{int(a) * int(b[1])}+{int(a) * int(b[0]) * 10}={int(a) * int(b)}"
+        else:
+            assert m.answer == str(int(a) * int(b))
+        assert len(m.answer) < HARD_TASKS["multiply"].gen_length, "the answer and its end token fit the canvas"
         c = HARD_TASKS["chain"].draw(rng)
         _, links, hubs, query = c.prompt.split("\n")
         link_pairs = re.findall(r";([a-z]{2})=([A-Z])", links)
@@ -280,3 +285,40 @@ def test_recall_asks_several_keys_per_instance(tmp_path):
     assert len(tok.encode(inst.answer, add_special_tokens=False)) == len(inst.answer)
     queries = inst.prompt.rsplit("\n", 1)[1].removeprefix("values of")
     assert len(tok.encode(queries, add_special_tokens=False)) == len(inst.answer)
+
+
+def test_multiply_writes_a_two_digit_multipliers_working():
+    from vllm_dllm.tasks import Multiply, multiply_answer, multiply_product
+    from vllm_dllm.training.curriculum import hard_part, task_at
+
+    assert multiply_answer(4821, 97) == "33747+433890=467637"
+    assert multiply_answer(4821, 7) == "33747" and multiply_answer(4821, 97, working=False) == "467637"
+    assert multiply_answer(4821, 10) == "0+48210=48210" and multiply_answer(0, 97) == "0+0=0"
+    assert multiply_product("33747+433890=467637") == "467637" and multiply_product("33747") == "33747"
+    # The longest answer (four digits times two) and its end token fit the canvas.
+    assert len(multiply_answer(9999, 99)) + 1 <= Multiply().gen_length == 24
+    assert Multiply(working=False).gen_length == 8 and Multiply(1, 1).gen_length == 8
+    direct = Multiply(working=False).draw(random.Random(0))
+    a, b = multiply_factors(direct.prompt)
+    assert direct.answer == str(a * b) and check_answer(direct)
+    with pytest.raises(ValueError, match="up to two digits, not 3"):
+        Multiply(4, 3)
+    # The curriculum's sizes and the focus on the hard part keep the answer's format.
+    assert task_at("multiply", 0.6).working and hard_part(Multiply()).working
+    assert not hard_part(Multiply(working=False)).working
+
+
+def test_a_product_is_right_with_its_working_or_alone():
+    from vllm_dllm.tasks import accepted_answers, closest_answer
+
+    worked = Instance("multiply", "mul 4821*97=", "33747+433890=467637")
+    assert accepted_answers(worked) == ("33747+433890=467637", "467637")
+    assert score(worked, " 33747+433890=467637\n") and score(worked, "467637")
+    # A wrong working is wrong even under the right product; a wrong product is wrong.
+    assert not score(worked, "33747+433891=467637") and not score(worked, "467638")
+    assert not score(worked, "33747+433890=") and not score(worked, "33747")
+    assert char_score(worked, "467637") == 1.0 and char_score(worked, "467600") == pytest.approx(4 / 6)
+    assert closest_answer(worked, "33747+433890=467600") == worked.answer and closest_answer(worked, "467") == "467637"
+    # Every other answer, a one-digit multiplier's product included, has one form.
+    assert accepted_answers(Instance("multiply", "mul 4821*7=", "33747")) == ("33747",)
+    assert accepted_answers(Instance("chain", "chain\n;ab=C\n;C=XY\nfollow;ab=", "C=XY")) == ("C=XY",)

@@ -4,7 +4,8 @@
         [--max-tokens 8,16,32,56] [--model DIR] [--xargs JSON] [--base-url URL] [--out results.json]
 
 Offline (vLLM's engine with the plugin) by default, or against a running server with
-`--base-url`.  Prints exact-match accuracy with a 95% Wilson interval, the fraction of
+`--base-url`.  Prints exact-match accuracy with a 95% Wilson interval (multiply: the
+product with its written working, or alone; `tasks.accepted_answers`), the fraction of
 answer characters in place (partial credit), committed tokens per second and denoising
 steps per token; writes JSON only to `--out`.  The default decoding is exact: steps =
 generation length, one block, low-confidence remasking.  A LLaDA2.x checkpoint

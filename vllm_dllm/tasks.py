@@ -22,12 +22,18 @@ measured on them (`--task all`).  `HARD_TASKS` holds four whose answers take sev
 dependent steps, so that committing many tokens at once goes wrong unless the model is
 sure (issue 27: tasks that rank decoding rules):
   sort       "sort 52 7 913 40"                                  -> "7 40 52 913"
-  multiply   "mul 4821*97="                                      -> "467637"
+  multiply   "mul 4821*97="                                      -> "33747+433890=467637"
   chain      "chain\\n;ab=C;cd=E;ef=C\\n;C=XY;E=GH\\nfollow;ab=" -> "C=XY"
   brackets   "close ([]{<>}(<"                                   -> ">))"
 Sort: where each number lands depends on every other one, and on the widths of the
 numbers before it.  Multiply: every digit of the product depends on the carries of the
-digits right of it.  Chain (two-hop retrieval): a link's value names a hub, whose
+digits right of it; under a two-digit multiplier the answer writes its working first, the
+two partial products (a by the units digit, a by the tens digit times ten) and then their
+sum, so the sum's digits depend on answer tokens decoded before them.  (Until session 38
+the product was written alone: an 8-layer model did not learn to sum two partial products
+inside one digit's computation, whatever its training, docs/training-log.md sessions 30-37;
+`Multiply(working=False)` still draws that format, and `score` still takes the
+product written alone as right: `accepted_answers`.)  Chain (two-hop retrieval): a link's value names a hub, whose
 value is two capitals; the answer is the hub then its value, so the value depends on
 the hub decoded before it.  Both hops match a token with itself, and every answer
 token is one other tasks answer with too.  Two earlier formats named the hub by its
@@ -36,7 +42,7 @@ lowercase-pair key: written bare ("cd") in the link it is another token than the
 way the model had 676 pairings (of tokens, or of output rows) to learn from about one
 row each, and did not (docs/training-log.md, session 18).
 Brackets: the closers of the brackets left open, innermost first.  Answers use digits,
-capitals, spaces, "=" and bracket characters, one token each under the task tokenizer.
+capitals, spaces, "=", "+" and bracket characters, one token each under the task tokenizer.
 
 `AUX_TASKS` holds training aids, in no group:
   lookup     "find\n;ab=C;ef=G;...\nvalue of;ef="                  -> "G"
@@ -169,15 +175,26 @@ class Sort(Task):
 class Multiply(Task):
     """a * b with a of 1-`max_digits_a` digits and b of 1-`max_digits_b`; with
     `min_digits` above 1 (training's focus on the hard part) each factor has at least
-    `min_digits` digits, or its maximum where that is fewer."""
+    `min_digits` digits, or its maximum where that is fewer.  With `working` (the
+    default) a two-digit multiplier's answer writes its two partial products before the
+    product (`multiply_answer`); without it every answer is the product alone."""
 
     name = "multiply"
-    gen_length = 8
 
-    def __init__(self, max_digits_a: int = 4, max_digits_b: int = 2, min_digits: int = 1):
+    def __init__(self, max_digits_a: int = 4, max_digits_b: int = 2, min_digits: int = 1, working: bool = True):
         if min_digits < 1:
             raise ValueError(f"min_digits must be at least 1, not {min_digits}")
+        if working and max_digits_b > 2:
+            raise ValueError(f"the written working covers multipliers of up to two digits, not {max_digits_b}")
         self.max_digits_a, self.max_digits_b, self.min_digits = max_digits_a, max_digits_b, min_digits
+        self.working = working
+
+    @property
+    def gen_length(self) -> int:
+        # The product has at most max_digits_a + max_digits_b digits; the working adds
+        # two partial products of at most max_digits_a + 1 and + 2 digits, "+" and "=".
+        product = self.max_digits_a + self.max_digits_b
+        return 8 * -(-(product + (2 * self.max_digits_a + 5 if self.working and self.max_digits_b == 2 else 0)) // 8)
 
     @property
     def max_digits(self) -> int:  # what eval's description and canvas fitting read
@@ -192,7 +209,24 @@ class Multiply(Task):
     def draw(self, rng: random.Random) -> Instance:
         a = self._factor(rng, self.max_digits_a)
         b = self._factor(rng, self.max_digits_b)
-        return Instance(self.name, f"mul {a}*{b}=", str(a * b))
+        return Instance(self.name, f"mul {a}*{b}=", multiply_answer(a, b, self.working))
+
+
+def multiply_answer(a: int, b: int, working: bool = True) -> str:
+    """The product; with `working` and a two-digit multiplier, its partial products
+    first, as written by hand: 4821*97 -> "33747+433890=467637" (4821*7, 4821*90, the
+    sum).  The product's digit sums two partial products and a carry, a sum this model
+    size did not find from the product's digits alone (docs/training-log.md, sessions
+    30-37); written out, each step is a product by one digit and then an addition, both
+    learned, and the answer's later tokens depend on its earlier ones."""
+    if working and 10 <= b <= 99:
+        return f"{a * (b % 10)}+{a * (b // 10) * 10}={a * b}"
+    return str(a * b)
+
+
+def multiply_product(answer: str) -> str:
+    """The product a multiply answer ends with, its working (if any) left off."""
+    return answer.rsplit("=", 1)[-1]
 
 
 def multiply_factors(prompt: str) -> tuple[int, int] | None:
@@ -345,7 +379,7 @@ def check_answer(instance: Instance) -> bool:
         return answer == " ".join(map(str, sorted(numbers)))
     if instance.task == "multiply":
         a, b = multiply_factors(prompt)
-        return answer == str(a * b)
+        return answer in (multiply_answer(a, b), multiply_answer(a, b, working=False))
     if instance.task == "chain":
         _, links, hubs, query = prompt.split("\n")
         link_pairs = re.findall(r";([a-z]{2})=([A-Z])", links)
@@ -384,14 +418,30 @@ def check_answer(instance: Instance) -> bool:
     raise ValueError(f"unknown task '{instance.task}'")
 
 
+def accepted_answers(instance: Instance) -> tuple[str, ...]:
+    """The answers that count as right: the instance's own, and for a multiply answer
+    that writes its working, also the product alone (a model that multiplies without
+    writing the working has done the task; a wrong working is still wrong)."""
+    if instance.task == "multiply" and multiply_product(instance.answer) != instance.answer:
+        return instance.answer, multiply_product(instance.answer)
+    return (instance.answer,)
+
+
 def score(instance: Instance, output: str) -> bool:
-    """Exact match of the generated text (whitespace-trimmed) with the answer."""
-    return output.strip() == instance.answer
+    """Exact match of the generated text (whitespace-trimmed) with an accepted answer."""
+    return output.strip() in accepted_answers(instance)
+
+
+def closest_answer(instance: Instance, output: str) -> str:
+    """The accepted answer with the most characters of `output` (trimmed) in place: the
+    form the output was writing, which partial credit and edit tracing measure it by."""
+    text = output.strip()
+    return max(accepted_answers(instance), key=lambda answer: sum(a == b for a, b in zip(answer, text)) / len(answer))
 
 
 def char_score(instance: Instance, output: str) -> float:
-    """Fraction of the answer's characters reproduced at their position: partial
-    credit that shows a model learning before it gets whole answers right (chance is
-    about 1/26 per letter, 1/10 per digit)."""
-    answer, text = instance.answer, output.strip()
+    """Fraction of the closest accepted answer's characters reproduced at their
+    position: partial credit that shows a model learning before it gets whole answers
+    right (chance is about 1/26 per letter, 1/10 per digit)."""
+    answer, text = closest_answer(instance, output), output.strip()
     return sum(a == b for a, b in zip(answer, text)) / len(answer)

@@ -121,7 +121,7 @@ def make_running_sum(args, names: list[str], encoder: Encoder, ap) -> RunningSum
         return None
     if "multiply" not in names:
         ap.error("--running-sum-weight trains on multiply's product digits: --tasks has no multiply")
-    # The targets sit at canvas position p for the product's character p.
+    # The targets sit at canvas position p for the answer's character p.
     if [encoder.decode([t]) for t in encoder.canvas(DIGITS, len(DIGITS) + 1)[: len(DIGITS)]] != list(DIGITS):
         ap.error("--running-sum-weight needs a tokenizer that writes each digit as its own token")
     layer = max(0, args.layers * 3 // 4 - 1) if args.running_sum_layer is None else args.running_sum_layer
@@ -260,7 +260,7 @@ def train_llada2(args, ap) -> int:
                     for p, c in zip(prompts, canvases)]
         sums = None
         if running_sum is not None:
-            sums = (running_sum, running_sum_targets([i.prompt for i in instances], max(map(len, canvases))))
+            sums = (running_sum, running_sum_targets(instances, max(map(len, canvases))))
         for group in optim.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
         loss, stats = llada2_objective.block_diffusion_loss(

@@ -38,7 +38,7 @@ def task_at(name: str, level: float) -> Task:
     if isinstance(full, Sort):
         return Sort(grow(2, full.min_count), grow(3, full.max_count), full.max_value)
     if isinstance(full, Multiply):
-        return Multiply(grow(1, full.max_digits_a), grow(1, full.max_digits_b))
+        return Multiply(grow(1, full.max_digits_a), grow(1, full.max_digits_b), working=full.working)
     if isinstance(full, Chain):
         # One link and one value first, as retrieval starts with two pairs.
         return Chain(grow(2, full.min_pairs), grow(2, full.max_pairs))
@@ -69,7 +69,7 @@ def hard_part(task: Task) -> Task | None:
     if isinstance(task, Multiply):
         if min(task.max_digits_a, task.max_digits_b) < 2:
             return None
-        return Multiply(task.max_digits_a, task.max_digits_b, min_digits=2)
+        return Multiply(task.max_digits_a, task.max_digits_b, min_digits=2, working=task.working)
     if isinstance(task, Sort):
         longer = (task.min_count + task.max_count + 1) // 2
         return Sort(longer, task.max_count, task.max_value) if longer > task.min_count else None

@@ -23,7 +23,7 @@ import math
 import torch
 from torch import nn
 
-from vllm_dllm.tasks import multiply_factors
+from vllm_dllm.tasks import Instance, multiply_factors, multiply_product
 
 # Sums run to about 180 (two partial products of 81 and a carry); a tenth keeps the
 # regression's scale near the cross-entropy's, one unit per ten of carry.
@@ -46,19 +46,23 @@ def column_sums(a: int, b: int) -> list[int]:
     return sums[::-1]
 
 
-def running_sum_targets(prompts: list[str], canvas_length: int) -> torch.Tensor:
+def running_sum_targets(instances: list[Instance], canvas_length: int) -> torch.Tensor:
     """float [B, canvas_length]: the scaled running sum at each product digit of a
-    multiply row's canvas (whose first tokens are the product's digits, one each), NaN
-    at every other position and in every other task's rows."""
-    targets = torch.full((len(prompts), canvas_length), math.nan)
-    for row, prompt in enumerate(prompts):
-        factors = multiply_factors(prompt)
+    multiply row's canvas (whose first tokens are the answer's characters, one each: the
+    product is the answer's end, after any written working), NaN at every other
+    position and in every other task's rows."""
+    targets = torch.full((len(instances), canvas_length), math.nan)
+    for row, instance in enumerate(instances):
+        factors = multiply_factors(instance.prompt)
         if factors is None:
             continue
         sums = column_sums(*factors)
-        if len(sums) > canvas_length:
-            raise ValueError(f"the product of '{prompt}' has {len(sums)} digits, past a canvas of {canvas_length}")
-        targets[row, : len(sums)] = torch.tensor(sums, dtype=torch.float) * TARGET_SCALE
+        end = len(instance.answer)
+        if len(multiply_product(instance.answer)) != len(sums):
+            raise ValueError(f"'{instance.answer}' does not end with the product of '{instance.prompt}'")
+        if end > canvas_length:
+            raise ValueError(f"the answer to '{instance.prompt}' has {end} characters, past a canvas of {canvas_length}")
+        targets[row, end - len(sums): end] = torch.tensor(sums, dtype=torch.float) * TARGET_SCALE
     return targets
 
 
