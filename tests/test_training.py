@@ -417,6 +417,11 @@ def test_fitting_task_keeps_only_answers_that_fit_the_canvas():
         assert max(len(a) for a in answers) <= canvas, (name, canvas)
     assert fitting_task(TASKS["addition"], 8) is TASKS["addition"]  # 6-digit operands: sums of up to 7
     assert {len(fitting_task(TASKS["copy"], 16).draw(rng).answer) for _ in range(20)} == {16}
+    # Multiply's written working needs 24 positions; below that, the one-digit multipliers.
+    assert fitting_task(HARD_TASKS["multiply"], 24) is HARD_TASKS["multiply"]
+    short = fitting_task(HARD_TASKS["multiply"], 8)
+    assert max(len(short.draw(rng).answer) for _ in range(300)) < 8 and short.max_digits_b == 1
+    assert fitting_task(HARD_TASKS["multiply"], 4) is None
 
 
 def test_init_from_a_checkpoint_folder_loads_its_weights(tmp_path):

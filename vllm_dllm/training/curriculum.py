@@ -80,7 +80,8 @@ def fitting_task(full: Task, canvas: int) -> Task | None:
     """The task restricted to the instances whose answer fits a canvas of `canvas`
     positions (one token per answer character for the tasks it shortens: digits and
     capitals; the others fit by their gen_length), or None when
-    none does (copy of 16-48 symbols on an 8-position canvas).  A fitting answer may
+    none does (copy of 16-48 symbols on an 8-position canvas; multiply below 24 positions
+    keeps its one-digit multipliers, whose answers write no working).  A fitting answer may
     fill the canvas exactly, with no room for <|eot_id|>."""
     if isinstance(full, Lookup):
         return full if canvas >= 1 else None
@@ -97,6 +98,10 @@ def fitting_task(full: Task, canvas: int) -> Task | None:
         if full.min_len > canvas:
             return None
         return type(full)(full.min_len, min(full.max_len, canvas))
+    if isinstance(full, Multiply) and full.gen_length > canvas:
+        # Below the written working's canvas, the one-digit multipliers (the product alone).
+        one_digit = Multiply(full.max_digits_a, 1, working=full.working)
+        return one_digit if one_digit.gen_length <= canvas else None
     return full if full.gen_length <= canvas else None
 
 
