@@ -437,3 +437,56 @@ def test_a_narrow_mask_range_masks_more_of_every_canvas():
     for i, c in enumerate(canvases):
         masked = int((spy.seen[i][cols[i, : len(c)]] == mask_id).sum())
         assert 0.75 * len(c) < masked <= len(c)
+
+
+def test_working_first_masks_the_result_before_any_working():
+    """Ordered rows never show a masked working token beside a visible result token;
+    rows without working (w = 0) mask at random and do."""
+    block, mask_id = 8, 2289
+    rng = random.Random(4)
+    prompts, canvases = _rows(rng, 64, block)
+    _, _, _, _, cols = llada2_objective.two_copy_layout(prompts, canvases, block, 7)
+    working = torch.tensor([rng.randint(1, len(c) - 1) if i % 2 == 0 and len(c) > 1 else 0
+                            for i, c in enumerate(canvases)])
+    spy = _InputSpy()
+    llada2_objective.block_diffusion_loss(spy, prompts, canvases, block, mask_id, torch.Generator().manual_seed(0),
+                                          pad_id=7, working=working)
+    unordered_mixed = ordered_rows = 0
+    for i, c in enumerate(canvases):
+        masked = spy.seen[i][cols[i, : len(c)]] == mask_id
+        w = int(working[i]) or rng.randint(1, max(1, len(c) - 1))
+        working_masked, result_visible = bool(masked[:w].any()), bool((~masked[w:]).any())
+        if working[i] > 0:
+            ordered_rows += 1
+            assert not (working_masked and result_visible), f"row {i}: working masked beside a visible result"
+        else:
+            unordered_mixed += working_masked and result_visible
+    assert ordered_rows >= 20 and unordered_mixed > 0
+    with pytest.raises(ValueError, match="working lengths of shape"):
+        llada2_objective.block_diffusion_loss(spy, prompts, canvases, block, mask_id, torch.Generator(), pad_id=7,
+                                              working=working[:3])
+
+
+def test_working_first_share_orders_only_rows_that_write_working(tmp_path):
+    from vllm_dllm.tasks import Instance
+    from vllm_dllm.tools.train_llada2 import working_first
+
+    class CharTokens:
+        def encode(self, text, add_special_tokens=False):
+            return list(text)
+
+    encoder = type("E", (), {"tok": CharTokens()})()
+    rows = [Instance("multiply", "mul 4821*97=", "33747+433890=467637"), Instance("multiply", "mul 48*7=", "336"),
+            Instance("addition", "add 1+2=", "3")]
+    assert working_first(rows, encoder, 0.0, random.Random(0)) is None
+    assert working_first(rows, encoder, 1.0, random.Random(0)).tolist() == [13, 0, 0]
+    ordered = [working_first(rows[:1], encoder, 0.5, random.Random(s)) is not None for s in range(200)]
+    assert 60 < sum(ordered) < 140, "about half the rows with working are ordered"
+    common = ["--arch", "llada2", "--out", str(tmp_path / "r"), *SIZES, "--tasks", "multiply", "--steps",
+              "2", "--warmup", "1", "--eval-every", "1000", "--save-every", "1", "--checkpoint-dtype", "float32"]
+    with pytest.raises(SystemExit):
+        train.main([*common, "--working-first-share", "1.5"])
+    assert not (tmp_path / "r" / "state.pt").exists(), "a refused share trains nothing"
+    assert train.main([*common, "--working-first-share", "1"]) == 0
+    with pytest.raises(SystemExit):
+        train.main(["--out", str(tmp_path / "l"), "--steps", "1", "--working-first-share", "0.5"])

@@ -308,6 +308,21 @@ def test_multiply_writes_a_two_digit_multipliers_working():
     assert not hard_part(Multiply(working=False)).working
 
 
+def test_the_working_a_result_is_computed_from_is_measured():
+    from vllm_dllm.tasks import Multiply, working_length
+
+    assert working_length(Instance("multiply", "mul 4821*97=", "33747+433890=467637")) == len("33747+433890=")
+    assert working_length(Instance("multiply", "mul 4821*7=", "33747")) == 0
+    assert working_length(Instance("chain", "chain\n;ab=C\n;C=XY\nfollow;ab=", "C=XY")) == 0
+    rng = random.Random(5)
+    for _ in range(200):
+        inst = Multiply().draw(rng)
+        n = working_length(inst)
+        a, b = multiply_factors(inst.prompt)
+        assert (n > 0) == (b >= 10)
+        assert inst.answer[n:] == str(a * b)
+
+
 def test_a_product_is_right_with_its_working_or_alone():
     from vllm_dllm.tasks import accepted_answers, closest_answer
 

@@ -229,6 +229,15 @@ def multiply_product(answer: str) -> str:
     return answer.rsplit("=", 1)[-1]
 
 
+def working_length(instance: Instance) -> int:
+    """How many of the answer's leading characters are working that the rest is
+    computed from: a multiply's partial products up to their sum ("33747+433890=" of
+    "33747+433890=467637"); 0 where the answer writes no working."""
+    if instance.task == "multiply" and "=" in instance.answer:
+        return instance.answer.rindex("=") + 1
+    return 0
+
+
 def multiply_factors(prompt: str) -> tuple[int, int] | None:
     """(a, b) of a multiply prompt ("mul a*b="), None for any other prompt."""
     match = re.fullmatch(r"mul (\d+)\*(\d+)=", prompt.strip())

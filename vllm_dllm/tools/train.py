@@ -171,6 +171,10 @@ def main(argv=None) -> int:
                        help="multiply's running-sum objective (training/running_sums.py): a linear probe on one "
                             "layer's stream regresses each product digit's column sum with carry, its squared "
                             "error added to the loss at this weight (0: off)")
+    group.add_argument("--working-first-share", type=float, default=0.0,
+                       help="share of the rows whose answers write working (multiply's partial products) that "
+                            "mask the result before any of the working, so the result is asked for beside the "
+                            "whole working (training/llada2_objective.py); the other rows mask at random")
     group.add_argument("--running-sum-layer", type=int, default=None,
                        help="the layer (0-based) whose output the probe reads (default: three quarters deep)")
     group.add_argument("--edit-weight", type=float, default=1.0,
@@ -223,7 +227,8 @@ def main(argv=None) -> int:
     for flag, given in (("--grow-depth", args.grow_depth), ("--grow-heads", args.grow_heads),
                         ("--head-dim", args.head_dim is not None), ("--mask-range", bool(args.mask_range)),
                         ("--running-sum-weight", bool(args.running_sum_weight)),
-                        ("--running-sum-layer", args.running_sum_layer is not None)):
+                        ("--running-sum-layer", args.running_sum_layer is not None),
+                        ("--working-first-share", bool(args.working_first_share))):
         if given:
             ap.error(f"{flag} is an --arch llada2 option")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from vllm_dllm.tasks import TEST, Task, resolve_tasks, score
+from vllm_dllm.tasks import TEST, Instance, Task, resolve_tasks, score, working_length
 from vllm_dllm.tools.train import make_curriculum
 from vllm_dllm.training.batches import BATCH_SIZES, Encoder, Llada2Encoder, make_batch
 from vllm_dllm.training.grow import reshape_for_growth
@@ -113,6 +113,20 @@ def extra_state(balance: TaskGradientBalance | None, running_sum: RunningSumTerm
 DIGITS = "0123456789"
 
 
+def working_first(instances: list[Instance], encoder: Encoder, share: float, rng: random.Random) -> torch.Tensor | None:
+    """Per row, the canvas positions of its answer's working that masking keeps until the
+    result is masked (--working-first-share of the rows with working; 0 for the rest),
+    or None when no row is ordered."""
+    if share == 0:
+        return None
+    lengths = [working_length(i) for i in instances]
+    ordered = [n > 0 and rng.random() < share for n in lengths]
+    if not any(ordered):
+        return None
+    return torch.tensor([len(encoder.tok.encode(i.answer[:n], add_special_tokens=False)) if o else 0
+                         for i, n, o in zip(instances, lengths, ordered)])
+
+
 def make_running_sum(args, names: list[str], encoder: Encoder, ap) -> RunningSumTerm | None:
     """The run's running-sum term (--running-sum-weight), or None when it is off."""
     if args.running_sum_weight == 0:
@@ -163,6 +177,8 @@ def train_llada2(args, ap) -> int:
                              f"(the partial RoPE rotates half of it in pairs)")
         if not 0 <= args.edit_ratio < 1:
             raise ValueError("--edit-ratio must be in [0, 1)")
+        if not 0 <= args.working_first_share <= 1:
+            raise ValueError("--working-first-share must be in [0, 1]")
     except ValueError as exc:
         ap.error(str(exc))
     if not is_power_of_two(shape["head_dim"]) or shape["head_dim"] < 16:
@@ -258,6 +274,7 @@ def train_llada2(args, ap) -> int:
         instances, prompts, canvases = make_batch(task, encoder, data_rng, batch_sizes[task.name])
         canvases = [llada2_objective.extend_to_block(c, len(p), args.block_length, ids["eos"])
                     for p, c in zip(prompts, canvases)]
+        working = working_first(instances, encoder, args.working_first_share, data_rng)
         sums = None
         if running_sum is not None:
             sums = (running_sum, running_sum_targets(instances, max(map(len, canvases))))
@@ -266,7 +283,7 @@ def train_llada2(args, ap) -> int:
         loss, stats = llada2_objective.block_diffusion_loss(
             model, prompts, canvases, args.block_length, ids["mask"], noise, pad_id=ids["eos"],
             edit_ratio=args.edit_ratio, edit_weight=args.edit_weight, mask_range=mask_ranges[task.name],
-            running_sum=sums,
+            running_sum=sums, working=working,
         )
         optim.zero_grad(set_to_none=True)
         loss.backward()

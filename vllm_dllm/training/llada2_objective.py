@@ -1,6 +1,6 @@
 """LLaDA2's block-diffusion training objective (BD3-LM's two-copy layout, as dFactory
-trains LLaDA2), with LLaDA2.1's token editing and multiply's running-sum term: what a
-training step asks of the model in training/llada2.py."""
+trains LLaDA2), with LLaDA2.1's token editing, multiply's running-sum term and
+working-first masking: what a training step asks of the model in training/llada2.py."""
 
 from __future__ import annotations
 
@@ -84,7 +84,8 @@ def mask_counts(lengths: torch.Tensor, strata: torch.Tensor,
 
 def block_diffusion_loss(model, prompts, canvases, block_length: int, mask_id: int, gen: torch.Generator, *,
                          pad_id: int, edit_ratio: float = 0.0, edit_weight: float = 1.0,
-                         mask_range: tuple[float, float] = (0.0, 1.0), running_sum=None):
+                         mask_range: tuple[float, float] = (0.0, 1.0), running_sum=None,
+                         working: torch.Tensor | None = None):
     """LLaDA2's block-diffusion SFT loss, with LLaDA2.1's token editing when
     `edit_ratio` > 0.  `canvases` reach their last block's end (extend_to_block).
 
@@ -94,6 +95,12 @@ def block_diffusion_loss(model, prompts, canvases, block_length: int, mask_id: i
     masked token by 1/k: 1/t over G positions.  One
     ratio per row, shared by its blocks (each block's own ratio is then spread around
     it); each noisy block is predicted from the clean blocks before it.
+
+    Working first (`working`, long [B], or None): a row with working w > 0 masks its
+    canvas positions from w on before any of its first w, so every row that asks for
+    a result shows the whole working it is computed from (a multiply's sum beside both
+    partial products: with each position masked on its own, about 3% of rows did), and
+    the working is learned with the result hidden.  Rows with w = 0 mask at random.
 
     Editing (T2T): of the canvas positions left unmasked, each is replaced with
     probability `edit_ratio` by another token drawn uniformly from the tokens the
@@ -124,6 +131,11 @@ def block_diffusion_loss(model, prompts, canvases, block_length: int, mask_id: i
     k = mask_counts(g, strata, mask_range)
     keys = torch.rand(b, g_max, generator=gen)
     keys[~in_canvas] = 2.0
+    if working is not None:
+        if tuple(working.shape) != (b,):
+            raise ValueError(f"working lengths of shape {tuple(working.shape)} for {b} canvases")
+        result = (torch.arange(g_max)[None] >= working[:, None]) & (working[:, None] > 0) & in_canvas
+        keys = keys - result.float()  # keys lie in [0, 1): a result's now precede every working key
     masked = (keys.argsort(1).argsort(1) < k[:, None]) & in_canvas
     clean = torch.zeros(b, g_max, dtype=torch.long)
     for i, c in enumerate(canvases):
