@@ -440,8 +440,8 @@ def test_a_narrow_mask_range_masks_more_of_every_canvas():
 
 
 def test_working_first_masks_the_result_before_any_working():
-    """Ordered rows never show a masked working token beside a visible result token;
-    rows without working (w = 0) mask at random and do."""
+    """Ordered rows never show a masked working token beside a visible result token,
+    nor an edited token; rows without working (w = 0) mask at random and are edited."""
     block, mask_id = 8, 2289
     rng = random.Random(4)
     prompts, canvases = _rows(rng, 64, block)
@@ -450,10 +450,15 @@ def test_working_first_masks_the_result_before_any_working():
                             for i, c in enumerate(canvases)])
     spy = _InputSpy()
     llada2_objective.block_diffusion_loss(spy, prompts, canvases, block, mask_id, torch.Generator().manual_seed(0),
-                                          pad_id=7, working=working)
-    unordered_mixed = ordered_rows = 0
+                                          pad_id=7, working=working, edit_ratio=0.3)
+    unordered_mixed = ordered_rows = unordered_edits = 0
     for i, c in enumerate(canvases):
-        masked = spy.seen[i][cols[i, : len(c)]] == mask_id
+        seen = spy.seen[i][cols[i, : len(c)]]
+        masked = seen == mask_id
+        edited = int(((seen != torch.tensor(c)) & ~masked).sum())
+        if working[i] > 0:
+            assert edited == 0, f"row {i}: an ordered row's visible tokens are its own"
+        unordered_edits += edited if working[i] == 0 else 0
         w = int(working[i]) or rng.randint(1, max(1, len(c) - 1))
         working_masked, result_visible = bool(masked[:w].any()), bool((~masked[w:]).any())
         if working[i] > 0:
@@ -461,7 +466,7 @@ def test_working_first_masks_the_result_before_any_working():
             assert not (working_masked and result_visible), f"row {i}: working masked beside a visible result"
         else:
             unordered_mixed += working_masked and result_visible
-    assert ordered_rows >= 20 and unordered_mixed > 0
+    assert ordered_rows >= 20 and unordered_mixed > 0 and unordered_edits > 0
     with pytest.raises(ValueError, match="working lengths of shape"):
         llada2_objective.block_diffusion_loss(spy, prompts, canvases, block, mask_id, torch.Generator(), pad_id=7,
                                               working=working[:3])
