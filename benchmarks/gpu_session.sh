@@ -99,6 +99,7 @@ train)
           --batch-scale 2 --batch-sizes retrieval=48
           --task-weights retrieval=1,addition=1,sort=6,multiply=8,chain=4,brackets=2 --curriculum-threshold 0.9
           --full-size-share 0.25,chain=1,multiply=0.5 --focus-share multiply=0.5,sort=0.5 --balance-tasks
+          --working-first-share 0.5
           --eval-every 1000 --eval-n 24 --save-every 200)
     # shellcheck disable=SC2086
     "$py" -m vllm_dllm.tools.train "${conv[@]}" "${start[@]}" --device "${TRAIN_DEVICE:-cuda}" --threads "${TRAIN_THREADS:-8}" \
