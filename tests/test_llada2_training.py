@@ -495,3 +495,111 @@ def test_working_first_share_orders_only_rows_that_write_working(tmp_path):
     assert train.main([*common, "--working-first-share", "1"]) == 0
     with pytest.raises(SystemExit):
         train.main(["--out", str(tmp_path / "l"), "--steps", "1", "--working-first-share", "0.5"])
+
+
+class _ScoreSpy(_InputSpy):
+    """An input spy that also records which (row, column) positions the loss scores."""
+
+    def hidden_states(self, ids, positions, mask, valid):
+        self.seen = ids.clone()
+        b, w = ids.shape
+        where = torch.stack(torch.meshgrid(torch.arange(b), torch.arange(w), indexing="ij"), -1).float()
+        return torch.cat([where, torch.zeros(b, w, 2)], -1)
+
+    def logits(self, hidden):
+        self.scored = {(int(r), int(c)) for r, c in hidden[:, :2].tolist()}
+        return super().logits(hidden)
+
+
+def test_given_working_is_shown_as_written_and_never_masked_edited_or_scored():
+    import math
+
+    block, mask_id = 8, 2289
+    rng = random.Random(5)
+    prompts, canvases = _rows(rng, 64, block)
+    _, _, _, _, cols = llada2_objective.two_copy_layout(prompts, canvases, block, 7)
+    given = torch.tensor([rng.randint(1, len(c) - 1) if i % 2 == 0 and len(c) > 1 else 0
+                          for i, c in enumerate(canvases)])
+    spy = _ScoreSpy()
+    loss, _ = llada2_objective.block_diffusion_loss(spy, prompts, canvases, block, mask_id,
+                                                    torch.Generator().manual_seed(0), pad_id=7, given=given,
+                                                    edit_ratio=0.3)
+    edited_given_rows = 0
+    expected = 0.0
+    for i, c in enumerate(canvases):
+        seen = spy.seen[i][cols[i, : len(c)]]
+        g = int(given[i])
+        assert seen[:g].tolist() == c[:g], f"row {i}: the given working is shown as written"
+        assert (seen[g:] == mask_id).any(), f"row {i}: something after the given working is masked"
+        scored = {int(col) for r, col in spy.scored if r == i}
+        assert scored == {int(col) for col in cols[i, g: len(c)]}, f"row {i}: every position after the working is scored, none in it"
+        edited_given_rows += g > 0 and bool(((seen[g:] != torch.tensor(c[g:])) & (seen[g:] != mask_id)).any())
+        # Uniform predictions: the k masked tokens cost ln V together (1/k each), the visible
+        # ones ln V / (positions after the working) each; given positions count in neither.
+        k, free = int((seen == mask_id).sum()), len(c) - g
+        expected += (1 + (free - k) / free) * math.log(2304) / len(canvases)
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    assert edited_given_rows > 0, "the positions after a given working are still edited"
+    with pytest.raises(ValueError, match="given working lengths"):
+        llada2_objective.block_diffusion_loss(spy, prompts, canvases, block, mask_id, torch.Generator(), pad_id=7,
+                                              given=torch.tensor([len(c) for c in canvases]))
+
+
+def test_altered_working_sums_the_partial_products_as_written():
+    from vllm_dllm.tasks import TRAIN, Instance, Multiply, multiply_answer
+    from vllm_dllm.training.altered_working import altered_working
+
+    rng, task = random.Random(6), Multiply()
+    altered_units = altered_tens = 0
+    drawn = 0
+    while drawn < 300:
+        inst = task.sample(rng, TRAIN)
+        if "=" not in inst.answer:
+            continue
+        drawn += 1
+        out = altered_working(inst, rng)
+        a, b = (int(x) for x in inst.prompt.removeprefix("mul ").removesuffix("=").split("*"))
+        units, tens, total = out.answer.replace("+", "=").split("=")
+        assert out.prompt == inst.prompt and out.task == "multiply"
+        assert int(units) + int(tens) == int(total), out.answer
+        assert str(int(units)) == units and str(int(tens)) == tens and tens.endswith("0"), out.answer
+        assert out.answer != multiply_answer(a, b), "the working is changed"
+        altered_units += int(units) != a * (b % 10)
+        altered_tens += int(tens) != a * (b // 10) * 10
+    assert altered_units > 100 and altered_tens > 100, "either partial product, and both, are altered"
+    for answer in ("336", "12"):
+        with pytest.raises(ValueError, match="only a multiply answer with working"):
+            altered_working(Instance("multiply", "mul 48*7=", answer), rng)
+
+
+def test_altered_working_share_rewrites_only_rows_that_write_working(tmp_path):
+    from vllm_dllm.tasks import Instance
+    from vllm_dllm.tools.train_llada2 import alter_working
+
+    class CharTokens:
+        def encode(self, text, add_special_tokens=False):
+            return list(text)
+
+    class CharEncoder:
+        tok = CharTokens()
+
+        def canvas(self, answer, length):
+            return list(answer) + ["<eos>"] * (length - len(answer))
+
+    rows = [Instance("multiply", "mul 4821*97=", "33747+433890=467637"), Instance("multiply", "mul 48*7=", "336"),
+            Instance("addition", "add 1+2=", "3")]
+    canvases = [CharEncoder().canvas(r.answer, 24) for r in rows]
+    assert alter_working(list(rows), list(canvases), CharEncoder(), 0.0, random.Random(0)) is None
+    altered, altered_canvases = list(rows), list(canvases)
+    given = alter_working(altered, altered_canvases, CharEncoder(), 1.0, random.Random(0))
+    assert altered[1:] == rows[1:] and altered_canvases[1:] == canvases[1:]
+    assert altered[0].answer != rows[0].answer and altered_canvases[0] == CharEncoder().canvas(altered[0].answer, 24)
+    assert given.tolist() == [altered[0].answer.rindex("=") + 1, 0, 0]
+    common = ["--arch", "llada2", "--out", str(tmp_path / "r"), *SIZES, "--tasks", "multiply", "--steps",
+              "2", "--warmup", "1", "--eval-every", "1000", "--save-every", "1", "--checkpoint-dtype", "float32"]
+    with pytest.raises(SystemExit):
+        train.main([*common, "--altered-working-share", "-0.1"])
+    assert not (tmp_path / "r" / "state.pt").exists(), "a refused share trains nothing"
+    assert train.main([*common, "--altered-working-share", "1", "--working-first-share", "1"]) == 0
+    with pytest.raises(SystemExit):
+        train.main(["--out", str(tmp_path / "l"), "--steps", "1", "--altered-working-share", "0.5"])

@@ -175,6 +175,10 @@ def main(argv=None) -> int:
                        help="share of the rows whose answers write working (multiply's partial products) that "
                             "mask the result before any of the working, so the result is asked for beside the "
                             "whole working (training/llada2_objective.py); the other rows mask at random")
+    group.add_argument("--altered-working-share", type=float, default=0.0,
+                       help="share of the rows whose answers write working whose partial products are changed, "
+                            "the result being the sum of the written ones, and whose working is given: the "
+                            "result learned from the written working, not the prompt (training/altered_working.py)")
     group.add_argument("--running-sum-layer", type=int, default=None,
                        help="the layer (0-based) whose output the probe reads (default: three quarters deep)")
     group.add_argument("--edit-weight", type=float, default=1.0,
@@ -228,7 +232,8 @@ def main(argv=None) -> int:
                         ("--head-dim", args.head_dim is not None), ("--mask-range", bool(args.mask_range)),
                         ("--running-sum-weight", bool(args.running_sum_weight)),
                         ("--running-sum-layer", args.running_sum_layer is not None),
-                        ("--working-first-share", bool(args.working_first_share))):
+                        ("--working-first-share", bool(args.working_first_share)),
+                        ("--altered-working-share", bool(args.altered_working_share))):
         if given:
             ap.error(f"{flag} is an --arch llada2 option")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ import torch
 
 from vllm_dllm.tasks import TEST, Instance, Task, resolve_tasks, score, working_length
 from vllm_dllm.tools.train import make_curriculum
+from vllm_dllm.training.altered_working import altered_working
 from vllm_dllm.training.batches import BATCH_SIZES, Encoder, Llada2Encoder, make_batch
 from vllm_dllm.training.grow import reshape_for_growth
 from vllm_dllm.training.optim import adamw, load_adamw_state
@@ -127,6 +128,24 @@ def working_first(instances: list[Instance], encoder: Encoder, share: float, rng
                          for i, n, o in zip(instances, lengths, ordered)])
 
 
+def alter_working(instances: list[Instance], canvases: list[list[int]], encoder: Encoder, share: float,
+                  rng: random.Random) -> torch.Tensor | None:
+    """--altered-working-share of the rows that write working get altered partial
+    products (training/altered_working.py), their canvases rewritten in place; returns
+    per row the canvas positions of working the loss takes as given (0 for the rest),
+    or None when no row is altered."""
+    if share == 0:
+        return None
+    given = [0] * len(instances)
+    for i, inst in enumerate(instances):
+        if working_length(inst) and rng.random() < share:
+            instances[i] = altered_working(inst, rng)
+            canvases[i] = encoder.canvas(instances[i].answer, len(canvases[i]))
+            given[i] = len(encoder.tok.encode(instances[i].answer[: working_length(instances[i])],
+                                              add_special_tokens=False))
+    return torch.tensor(given) if any(given) else None
+
+
 def make_running_sum(args, names: list[str], encoder: Encoder, ap) -> RunningSumTerm | None:
     """The run's running-sum term (--running-sum-weight), or None when it is off."""
     if args.running_sum_weight == 0:
@@ -179,6 +198,8 @@ def train_llada2(args, ap) -> int:
             raise ValueError("--edit-ratio must be in [0, 1)")
         if not 0 <= args.working_first_share <= 1:
             raise ValueError("--working-first-share must be in [0, 1]")
+        if not 0 <= args.altered_working_share <= 1:
+            raise ValueError("--altered-working-share must be in [0, 1]")
     except ValueError as exc:
         ap.error(str(exc))
     if not is_power_of_two(shape["head_dim"]) or shape["head_dim"] < 16:
@@ -272,6 +293,7 @@ def train_llada2(args, ap) -> int:
         drawn = curriculum.draw(cycle[step % len(cycle)], step, data_rng)
         task = drawn.task
         instances, prompts, canvases = make_batch(task, encoder, data_rng, batch_sizes[task.name])
+        given = alter_working(instances, canvases, encoder, args.altered_working_share, data_rng)
         canvases = [llada2_objective.extend_to_block(c, len(p), args.block_length, ids["eos"])
                     for p, c in zip(prompts, canvases)]
         working = working_first(instances, encoder, args.working_first_share, data_rng)
@@ -283,7 +305,7 @@ def train_llada2(args, ap) -> int:
         loss, stats = llada2_objective.block_diffusion_loss(
             model, prompts, canvases, args.block_length, ids["mask"], noise, pad_id=ids["eos"],
             edit_ratio=args.edit_ratio, edit_weight=args.edit_weight, mask_range=mask_ranges[task.name],
-            running_sum=sums, working=working,
+            running_sum=sums, working=working, given=given,
         )
         optim.zero_grad(set_to_none=True)
         loss.backward()

@@ -85,7 +85,7 @@ def mask_counts(lengths: torch.Tensor, strata: torch.Tensor,
 def block_diffusion_loss(model, prompts, canvases, block_length: int, mask_id: int, gen: torch.Generator, *,
                          pad_id: int, edit_ratio: float = 0.0, edit_weight: float = 1.0,
                          mask_range: tuple[float, float] = (0.0, 1.0), running_sum=None,
-                         working: torch.Tensor | None = None):
+                         working: torch.Tensor | None = None, given: torch.Tensor | None = None):
     """LLaDA2's block-diffusion SFT loss, with LLaDA2.1's token editing when
     `edit_ratio` > 0.  `canvases` reach their last block's end (extend_to_block).
 
@@ -105,6 +105,11 @@ def block_diffusion_loss(model, prompts, canvases, block_length: int, mask_id: i
     written gives, where a replaced working token would ask for the result of a working
     the row does not show (with a tenth of the tokens replaced, two in three 4x2 workings
     had one), and so teach the result from the prompt, past the written working.
+
+    Given working (`given`, long [B], or None): a row's first `given` canvas positions
+    are shown as written, never masked, replaced or scored, and its k is drawn over the
+    positions after them: the result is asked for from a working the row does not teach
+    (training/altered_working.py, whose working is wrong on purpose).
 
     Editing (T2T): of the canvas positions left unmasked, each is replaced with
     probability `edit_ratio` by another token drawn uniformly from the tokens the
@@ -131,23 +136,28 @@ def block_diffusion_loss(model, prompts, canvases, block_length: int, mask_id: i
     g = torch.tensor([len(c) for c in canvases])
     g_max = int(g.max())
     in_canvas = torch.arange(g_max)[None] < g[:, None]
+    if given is None:
+        given = torch.zeros(b, dtype=torch.long)
+    if tuple(given.shape) != (b,) or bool((given >= g).any()) or bool((given < 0).any()):
+        raise ValueError(f"given working lengths {given.tolist()} for canvases of {g.tolist()} positions")
+    free = in_canvas & (torch.arange(g_max)[None] >= given[:, None])  # what the loss may mask, replace and score
     strata = ((torch.arange(b) + torch.rand(b, generator=gen)) / b)[torch.randperm(b, generator=gen)]
-    k = mask_counts(g, strata, mask_range)
+    k = mask_counts(g - given, strata, mask_range)
     keys = torch.rand(b, g_max, generator=gen)
-    keys[~in_canvas] = 2.0
+    keys[~free] = 2.0
     if working is not None:
         if tuple(working.shape) != (b,):
             raise ValueError(f"working lengths of shape {tuple(working.shape)} for {b} canvases")
         result = (torch.arange(g_max)[None] >= working[:, None]) & (working[:, None] > 0) & in_canvas
         keys = keys - result.float()  # keys lie in [0, 1): a result's now precede every working key
-    masked = (keys.argsort(1).argsort(1) < k[:, None]) & in_canvas
+    masked = (keys.argsort(1).argsort(1) < k[:, None]) & free
     clean = torch.zeros(b, g_max, dtype=torch.long)
     for i, c in enumerate(canvases):
         clean[i, : len(c)] = torch.tensor(c)
     noisy_tokens = torch.where(masked, mask_id, clean)
     replaced = torch.zeros_like(masked)
     if edit_ratio > 0:
-        visible = in_canvas & ~masked
+        visible = free & ~masked
         pool = clean[in_canvas].unique()  # the tokens this batch's answers use, uniformly
         draws = pool[torch.randint(len(pool), (b, g_max), generator=gen)]
         replaced = visible & (torch.rand(b, g_max, generator=gen) < edit_ratio) & (draws != clean)
@@ -165,13 +175,13 @@ def block_diffusion_loss(model, prompts, canvases, block_length: int, mask_id: i
         hidden = model.hidden_states(*inputs)
     else:
         hidden, tapped = model.hidden_states_and_tap(*inputs, tap=term.layer)
-    scored = masked | (in_canvas & (edit_ratio > 0))
+    scored = masked | (free & (edit_ratio > 0))
     r, c = rows[scored], cols[scored]
     logits = model.logits(hidden[r.to(device), c.to(device)]).float()
     target = clean[scored].to(device)
     ce = F.cross_entropy(logits, target, reduction="none")
     was_masked = masked[scored].to(device)
-    weights = torch.where(was_masked, 1.0 / k.float()[r].to(device), edit_weight / g.float()[r].to(device))
+    weights = torch.where(was_masked, 1.0 / k.float()[r].to(device), edit_weight / (g - given).float()[r].to(device))
     loss = (ce * weights).sum() / b
     sum_error = None
     if term is not None:
