@@ -595,6 +595,14 @@ def test_altered_working_share_rewrites_only_rows_that_write_working(tmp_path):
     assert altered[1:] == rows[1:] and altered_canvases[1:] == canvases[1:]
     assert altered[0].answer != rows[0].answer and altered_canvases[0] == CharEncoder().canvas(altered[0].answer, 24)
     assert given.tolist() == [altered[0].answer.rindex("=") + 1, 0, 0]
+    short = [Instance("multiply", "mul 9*99=", "81+810=891")]
+    lengths = set()
+    for seed in range(40):  # 9*99's sum as altered may gain a digit: its canvas grows to hold it and the end
+        short_canvases = [CharEncoder().canvas(short[0].answer, 11)]
+        alter_working(list(short), short_canvases, CharEncoder(), 1.0, random.Random(seed))
+        assert short_canvases[0][-1] == "<eos>"
+        lengths.add(len(short_canvases[0]))
+    assert lengths == {11, 12}
     common = ["--arch", "llada2", "--out", str(tmp_path / "r"), *SIZES, "--tasks", "multiply", "--steps",
               "2", "--warmup", "1", "--eval-every", "1000", "--save-every", "1", "--checkpoint-dtype", "float32"]
     with pytest.raises(SystemExit):

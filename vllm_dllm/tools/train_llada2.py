@@ -131,7 +131,8 @@ def working_first(instances: list[Instance], encoder: Encoder, share: float, rng
 def alter_working(instances: list[Instance], canvases: list[list[int]], encoder: Encoder, share: float,
                   rng: random.Random) -> torch.Tensor | None:
     """--altered-working-share of the rows that write working get altered partial
-    products (training/altered_working.py), their canvases rewritten in place; returns
+    products (training/altered_working.py), their canvases rewritten in place (one
+    longer where the altered sum has a digit more than the canvas holds); returns
     per row the canvas positions of working the loss takes as given (0 for the rest),
     or None when no row is altered."""
     if share == 0:
@@ -140,7 +141,8 @@ def alter_working(instances: list[Instance], canvases: list[list[int]], encoder:
     for i, inst in enumerate(instances):
         if working_length(inst) and rng.random() < share:
             instances[i] = altered_working(inst, rng)
-            canvases[i] = encoder.canvas(instances[i].answer, len(canvases[i]))
+            answer = len(encoder.tok.encode(instances[i].answer, add_special_tokens=False))
+            canvases[i] = encoder.canvas(instances[i].answer, max(len(canvases[i]), answer + 1))  # a carry may add a digit
             given[i] = len(encoder.tok.encode(instances[i].answer[: working_length(instances[i])],
                                               add_special_tokens=False))
     return torch.tensor(given) if any(given) else None
