@@ -1,0 +1,59 @@
+"""benchmarks/llada2_sum_from_working.py: one forward with a multiply's working written
+into the canvas and its sum masked."""
+
+from __future__ import annotations
+
+import pathlib
+
+import torch
+
+from tests.conftest import benchmark_module
+from tests.test_llada2_training import SIZES
+from vllm_dllm.tools import train
+
+
+def test_the_working_is_written_and_only_the_sum_is_masked(tmp_path):
+    from vllm_dllm.tools.train_llada2 import saved_llada2_model
+    from vllm_dllm.training.batches import Llada2Encoder
+    from vllm_dllm.training.run_state import load_state
+
+    out = tmp_path / "run"
+    assert train.main(["--arch", "llada2", "--out", str(out), *SIZES, "--tasks", "multiply,addition", "--steps", "1",
+                       "--warmup", "1", "--eval-every", "1000", "--save-every", "1",
+                       "--checkpoint-dtype", "float32"]) == 0
+    state_path = pathlib.Path(out / "state.pt")
+    model, ids, _, _ = saved_llada2_model(load_state(state_path), state_path)
+    encoder = Llada2Encoder(out / "tokenizer", ids)
+    module = benchmark_module("llada2_sum_from_working")
+
+    seen = {}
+    forward = model.hidden_states
+
+    def spy(x, positions, mask):
+        seen["x"] = x[0].clone()
+        return forward(x, positions, mask)
+
+    model.hidden_states = spy
+    hits = module.one_forward(model, encoder, ids, 8, "mul 39*35=", "195+1170=", "1365")
+    prompt = encoder.prompt("mul 39*35=")
+    shown = encoder.tok.encode("195+1170=", add_special_tokens=False)
+    start = len(prompt) + len(shown)
+    assert seen["x"][: len(prompt)].tolist() == prompt and seen["x"][len(prompt): start].tolist() == shown
+    assert bool((seen["x"][start:] == ids["mask"]).all()) and len(seen["x"]) % 8 == 0
+    assert len(hits) == len(encoder.tok.encode("1365", add_special_tokens=False))
+    logits = model.logits(forward(seen["x"][None], torch.arange(len(seen["x"]))[None],
+                                  module_mask(len(seen["x"]), 8))[0])
+    target = encoder.tok.encode("1365", add_special_tokens=False)
+    assert hits == (logits[start: start + len(target)].argmax(-1) == torch.tensor(target)).tolist()
+
+    result = module.measure(state_path, 3)
+    for name in ("right working", "altered working", "addition"):
+        assert 0 <= result[name]["digit_accuracy"] <= 1 and 0 <= result[name]["whole"] <= 3
+    assert 0 <= result["altered working"]["true_product_instead"] <= 3
+    assert f"| `{state_path}` |" in module.table({"n": 3, "states": {str(state_path): result}})
+
+
+def module_mask(total: int, block: int):
+    from vllm_dllm.training.llada2 import block_causal_mask
+
+    return block_causal_mask((torch.arange(total) // block)[None], torch.ones(1, total, dtype=torch.bool))
