@@ -611,3 +611,26 @@ def test_altered_working_share_rewrites_only_rows_that_write_working(tmp_path):
     assert train.main([*common, "--altered-working-share", "1", "--working-first-share", "1"]) == 0
     with pytest.raises(SystemExit):
         train.main(["--out", str(tmp_path / "l"), "--steps", "1", "--altered-working-share", "0.5"])
+
+
+def test_a_working_given_task_trains_with_its_working_given_and_is_not_generated(tmp_path):
+    import json
+
+    from vllm_dllm.tasks import AUX_TASKS, Instance
+    from vllm_dllm.tools.train_llada2 import given_working
+
+    class CharTokens:
+        def encode(self, text, add_special_tokens=False):
+            return list(text)
+
+    encoder = type("E", (), {"tok": CharTokens()})()
+    rows = [Instance("working_sum", "sum the working", "6634+9910=16544"), Instance("working_sum", "sum the working",
+                                                                                    "9+931=940")]
+    assert given_working(AUX_TASKS["working_sum"], rows, encoder).tolist() == [10, 6]
+    assert given_working(ALL_TASKS["addition"], [Instance("addition", "add 1+2=", "3")], encoder) is None
+    out = tmp_path / "r"
+    assert train.main(["--arch", "llada2", "--out", str(out), *SIZES, "--tasks", "working_sum,addition", "--steps",
+                       "2", "--warmup", "1", "--eval-every", "2", "--eval-n", "2", "--save-every", "2",
+                       "--checkpoint-dtype", "float32"]) == 0
+    records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert set(records[-1]["accuracy"]) == {"addition"}, "a working-given task's generations are not scored"

@@ -337,3 +337,36 @@ def test_a_product_is_right_with_its_working_or_alone():
     # Every other answer, a one-digit multiplier's product included, has one form.
     assert accepted_answers(Instance("multiply", "mul 4821*7=", "33747")) == ("33747",)
     assert accepted_answers(Instance("chain", "chain\n;ab=C\n;C=XY\nfollow;ab=", "C=XY")) == ("C=XY",)
+
+
+def test_working_sum_asks_for_the_sum_of_the_answers_own_working():
+    """The auxiliary working_sum task: its prompt names no number, its answer writes two
+    numbers and their sum, its working is given to training, and it splits by answer."""
+    from vllm_dllm.tasks import AUX_TASKS, TASK_GROUPS, working_length
+
+    task = AUX_TASKS["working_sum"]
+    rng = random.Random(7)
+    train_items = [task.sample(rng, TRAIN) for _ in range(300)]
+    test_items = [task.sample(rng, TEST) for _ in range(30)]
+    assert task.working_given and not TASKS["addition"].working_given
+    assert {i.prompt for i in train_items + test_items} == {"sum the working"}
+    assert not {i.answer for i in train_items} & {i.answer for i in test_items}
+    tens_like = 0
+    for item in train_items + test_items:
+        assert check_answer(item), item
+        x, y, total = item.answer.replace("+", "=").split("=")
+        assert int(x) + int(y) == int(total) and len(x) <= 5 and len(y) <= 6
+        assert working_length(item) == len(f"{x}+{y}=")
+        tens_like += y.endswith("0") and len(y) > 1
+        wrong = f"{x}+{y}={int(total) + 1}"
+        assert not check_answer(Instance("working_sum", item.prompt, wrong))
+    assert tens_like > 150, "about half the second numbers end in 0, as a tens partial product does"
+    assert all("working_sum" not in names for names in TASK_GROUPS.values())
+
+
+def test_eval_refuses_a_task_it_cannot_score(capsys):
+    from vllm_dllm import eval as task_eval
+
+    with pytest.raises(SystemExit):
+        task_eval.main(["--task", "addition,working_sum", "--n", "1"])
+    assert "working_sum is a training aid" in capsys.readouterr().err

@@ -365,6 +365,10 @@ def main(argv=None) -> int:
         tasks = resolve_tasks(args.task)
     except ValueError as exc:
         ap.error(f"--task: {exc}")
+    for task in tasks:
+        if task.working_given:
+            ap.error(f"--task: {task.name} is a training aid whose prompt does not hold the working its answer "
+                     f"starts with: a generated answer cannot be scored on it")
     if args.base_url:
         runner = ServerRunner(args.base_url, args.model)
         model = runner.model

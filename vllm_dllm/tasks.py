@@ -47,6 +47,8 @@ capitals, spaces, "=", "+" and bracket characters, one token each under the task
 `AUX_TASKS` holds training aids, in no group:
   lookup     "find\n;ab=C;ef=G;...\nvalue of;ef="                  -> "G"
   recall     "find\n;ab=C;ef=G;ij=K;...\nvalues of;ef=;ab="        -> "GC"
+  working_sum "sum the working"                                  -> "33747+433890=467637"
+(working_sum's working is shown to training as given: `Task.working_given`)
 """
 
 from __future__ import annotations
@@ -81,6 +83,9 @@ def _split_of(prompt: str) -> str:
 class Task(ABC):
     name: str
     gen_length: int  # canvas length used to train and evaluate this task
+    # A training aid whose answer's working is not in its prompt: training shows that
+    # working as given, and generation cannot be scored on it.
+    working_given = False
 
     @abstractmethod
     def draw(self, rng: random.Random) -> Instance:
@@ -233,7 +238,7 @@ def working_length(instance: Instance) -> int:
     """How many of the answer's leading characters are working that the rest is
     computed from: a multiply's partial products up to their sum ("33747+433890=" of
     "33747+433890=467637"); 0 where the answer writes no working."""
-    if instance.task == "multiply" and "=" in instance.answer:
+    if instance.task in ("multiply", "working_sum") and "=" in instance.answer:
         return instance.answer.rindex("=") + 1
     return 0
 
@@ -290,6 +295,38 @@ class Lookup(Task):
         query = rng.randrange(n)
         pairs = "".join(f";{k}={v}" for k, v in zip(keys, values))
         return Instance(self.name, f"find\n{pairs}\nvalue of;{keys[query]}=", values[query])
+
+
+class WorkingSum(Task):
+    """Multiply's last step alone: the sum of two numbers that stand in the answer.
+
+    A training aid, in no evaluation group, with `working_given`: the prompt never
+    names the numbers, and training shows the answer's working as given (never masked
+    or scored), so the sum can only be read from the answer, one position after its
+    "=", as a multiply answer's sum is.  The LLaDA2-format model adds the prompt's
+    numbers at 0.95 per digit and the same numbers written in multiply's answer at
+    0.2 in the tens and hundreds (docs/training-log.md, session 40).  Half the second
+    numbers end in 0, as a tens partial product does.  Its prompt is the same for every
+    instance, so the split goes by the answer."""
+
+    name = "working_sum"
+    gen_length = 24
+    working_given = True
+
+    def __init__(self, max_digits: int = 5):
+        self.max_digits = max_digits
+
+    def draw(self, rng: random.Random) -> Instance:
+        x = rng.randrange(10 ** rng.randint(1, self.max_digits))
+        y = rng.randrange(10 ** rng.randint(1, self.max_digits))
+        y = y * 10 if rng.random() < 0.5 else y
+        return Instance(self.name, "sum the working", f"{x}+{y}={x + y}")
+
+    def sample(self, rng: random.Random, split: str) -> Instance:
+        while True:
+            instance = self.draw(rng)
+            if _split_of(instance.answer) == split:
+                return instance
 
 
 class Recall(Task):
@@ -350,7 +387,7 @@ class Brackets(Task):
 # Harder tasks (issue 27): not part of `TASKS`, which the shipped model was trained on.
 HARD_TASKS: dict[str, Task] = {t.name: t for t in (Sort(), Multiply(), Chain(), Brackets())}
 # Tasks that train a mechanism another task needs; named alone, in no group.
-AUX_TASKS: dict[str, Task] = {t.name: t for t in (Lookup(), Recall())}
+AUX_TASKS: dict[str, Task] = {t.name: t for t in (Lookup(), Recall(), WorkingSum())}
 ALL_TASKS: dict[str, Task] = {**TASKS, **HARD_TASKS, **AUX_TASKS}
 # Names that stand for several tasks (eval's --task, train's --tasks).
 TASK_GROUPS: dict[str, list[str]] = {"all": list(TASKS), "hard": list(HARD_TASKS),
@@ -410,6 +447,9 @@ def check_answer(instance: Instance) -> bool:
     if instance.task == "addition":
         a, b = prompt.removeprefix("add ").removesuffix("=").split("+")
         return answer == str(int(a) + int(b))
+    if instance.task == "working_sum":
+        match = re.fullmatch(r"(0|[1-9]\d*)\+(0|[1-9]\d*)=(\d+)", answer)
+        return prompt == "sum the working" and match is not None and int(match[1]) + int(match[2]) == int(match[3])
     if instance.task in ("retrieval", "lookup"):
         _, body, query = prompt.split("\n")
         pairs = dict(p.split("=") for p in body.split(";")[1:])

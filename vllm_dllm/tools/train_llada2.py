@@ -148,6 +148,15 @@ def alter_working(instances: list[Instance], canvases: list[list[int]], encoder:
     return torch.tensor(given) if any(given) else None
 
 
+def given_working(task: Task, instances: list[Instance], encoder: Encoder) -> torch.Tensor | None:
+    """Per row, the canvas positions of working the loss takes as given, for a task whose
+    prompt does not hold its working (`Task.working_given`); None for any other task."""
+    if not task.working_given:
+        return None
+    return torch.tensor([len(encoder.tok.encode(i.answer[: working_length(i)], add_special_tokens=False))
+                         for i in instances])
+
+
 def make_running_sum(args, names: list[str], encoder: Encoder, ap) -> RunningSumTerm | None:
     """The run's running-sum term (--running-sum-weight), or None when it is off."""
     if args.running_sum_weight == 0:
@@ -287,6 +296,7 @@ def train_llada2(args, ap) -> int:
     print(f"{params / 1e6:.2f}M parameters ({active / 1e6:.2f}M active per token); vocab {ids['vocab_size']}",
           flush=True)
 
+    generated = [t for t in tasks if not t.working_given]  # what generation can be scored on
     start = time.time()
     model.train()
     while step < args.steps:
@@ -296,6 +306,8 @@ def train_llada2(args, ap) -> int:
         task = drawn.task
         instances, prompts, canvases = make_batch(task, encoder, data_rng, batch_sizes[task.name])
         given = alter_working(instances, canvases, encoder, args.altered_working_share, data_rng)
+        if task.working_given:
+            given = given_working(task, instances, encoder)
         canvases = [llada2_objective.extend_to_block(c, len(p), args.block_length, ids["eos"])
                     for p, c in zip(prompts, canvases)]
         working = working_first(instances, encoder, args.working_first_share, data_rng)
@@ -333,13 +345,13 @@ def train_llada2(args, ap) -> int:
             model.eval()
             record["accuracy"] = {
                 t.name: evaluate_llada2(model, t, encoder, args.eval_n, 1, args.block_length, args.eval_threshold)
-                for t in tasks
+                for t in generated
             }
-            if any(curriculum.level(t.name, step) < 1.0 for t in tasks):
+            if any(curriculum.level(t.name, step) < 1.0 for t in generated):
                 record["accuracy_at_curriculum_sizes"] = {
                     t.name: evaluate_llada2(model, curriculum.task(t.name, step), encoder, args.eval_n, 1,
                                             args.block_length, args.eval_threshold)
-                    for t in tasks
+                    for t in generated
                 }
             model.train()
         log.write(json.dumps(record) + "\n")
