@@ -617,7 +617,7 @@ def test_a_working_given_task_trains_with_its_working_given_and_is_not_generated
     import json
 
     from vllm_dllm.tasks import AUX_TASKS, Instance
-    from vllm_dllm.tools.train_llada2 import given_working
+    from vllm_dllm.tools.train_llada2 import alter_working, given_working
 
     class CharTokens:
         def encode(self, text, add_special_tokens=False):
@@ -628,9 +628,10 @@ def test_a_working_given_task_trains_with_its_working_given_and_is_not_generated
                                                                                     "9+931=940")]
     assert given_working(AUX_TASKS["working_sum"], rows, encoder).tolist() == [10, 6]
     assert given_working(ALL_TASKS["addition"], [Instance("addition", "add 1+2=", "3")], encoder) is None
+    assert alter_working(list(rows), [list(r.answer) for r in rows], encoder, 1.0, random.Random(0)) is None
     out = tmp_path / "r"
     assert train.main(["--arch", "llada2", "--out", str(out), *SIZES, "--tasks", "working_sum,addition", "--steps",
                        "2", "--warmup", "1", "--eval-every", "2", "--eval-n", "2", "--save-every", "2",
-                       "--checkpoint-dtype", "float32"]) == 0
+                       "--checkpoint-dtype", "float32", "--altered-working-share", "1"]) == 0
     records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert set(records[-1]["accuracy"]) == {"addition"}, "a working-given task's generations are not scored"

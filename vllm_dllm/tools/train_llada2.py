@@ -139,7 +139,7 @@ def alter_working(instances: list[Instance], canvases: list[list[int]], encoder:
         return None
     given = [0] * len(instances)
     for i, inst in enumerate(instances):
-        if working_length(inst) and rng.random() < share:
+        if inst.task == "multiply" and working_length(inst) and rng.random() < share:
             instances[i] = altered_working(inst, rng)
             answer = len(encoder.tok.encode(instances[i].answer, add_special_tokens=False))
             canvases[i] = encoder.canvas(instances[i].answer, max(len(canvases[i]), answer + 1))  # a carry may add a digit
@@ -305,9 +305,10 @@ def train_llada2(args, ap) -> int:
         drawn = curriculum.draw(cycle[step % len(cycle)], step, data_rng)
         task = drawn.task
         instances, prompts, canvases = make_batch(task, encoder, data_rng, batch_sizes[task.name])
-        given = alter_working(instances, canvases, encoder, args.altered_working_share, data_rng)
         if task.working_given:
             given = given_working(task, instances, encoder)
+        else:
+            given = alter_working(instances, canvases, encoder, args.altered_working_share, data_rng)
         canvases = [llada2_objective.extend_to_block(c, len(p), args.block_length, ids["eos"])
                     for p, c in zip(prompts, canvases)]
         working = working_first(instances, encoder, args.working_first_share, data_rng)
