@@ -370,3 +370,13 @@ def test_eval_refuses_a_task_it_cannot_score(capsys):
     with pytest.raises(SystemExit):
         task_eval.main(["--task", "addition,working_sum", "--n", "1"])
     assert "working_sum is a training aid" in capsys.readouterr().err
+
+
+def test_working_sum_grows_from_one_digit_numbers():
+    from vllm_dllm.training.curriculum import task_at
+
+    rng = random.Random(8)
+    small = [task_at("working_sum", 0.0).draw(rng) for _ in range(50)]
+    full = [task_at("working_sum", 1.0).draw(rng) for _ in range(200)]
+    assert max(len(i.answer.split("+")[0]) for i in small) == 1
+    assert max(len(i.answer.split("+")[0]) for i in full) == 5
