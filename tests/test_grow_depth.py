@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.test_llada2_training import MOE, SHAPE, SIZES
+from tests.llada2_tiny import MOE, SHAPE, SIZES
 from vllm_dllm.tools import train
 from vllm_dllm.training import llada2
 from vllm_dllm.training.grow import grown_state_dict, layer_placement

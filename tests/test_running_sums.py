@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from tests.test_llada2_training import SIZES, _model, _rows
+from tests.llada2_tiny import SIZES, canvas_rows, tiny_model
 from vllm_dllm.tasks import ALL_TASKS, TRAIN, Instance, multiply_factors
 from vllm_dllm.tools import train
 from vllm_dllm.tools.train_llada2 import make_running_sum
@@ -67,7 +67,7 @@ def test_targets_sit_on_multiply_rows_product_digits_only():
 
 
 def test_the_tapped_stream_is_the_named_layers_output():
-    model = _model()
+    model = tiny_model()
     ids = torch.randint(0, 2000, (2, 9))
     positions = torch.arange(9).expand(2, 9)
     mask = torch.ones(2, 9, 9, dtype=torch.bool)
@@ -88,7 +88,7 @@ ANSWER_STAND_INS = {**{str(d): d + 10 for d in range(10)}, "+": 20, "=": 21}
 
 def _batch(rng: random.Random, n: int, task: str):
     """Prompts, canvases holding `task`'s answers as digit stand-ins, and the targets."""
-    prompts, canvases = _rows(rng, n, BLOCK)
+    prompts, canvases = canvas_rows(rng, n, BLOCK)
     instances = []
     for i in range(n):
         inst = ALL_TASKS[task].sample(rng, TRAIN)
@@ -106,7 +106,7 @@ def _loss(model, batch, running_sum, **options):
 
 
 def test_the_term_adds_the_probes_weighted_error_to_the_loss():
-    model = _model().train()
+    model = tiny_model().train()
     batch = _batch(random.Random(3), 12, "multiply")
     targets = batch[2]
     term = RunningSumTerm(64, 1, 0.5)
@@ -127,7 +127,7 @@ def test_the_term_adds_the_probes_weighted_error_to_the_loss():
 
 
 def test_the_probes_gradient_reaches_the_tapped_layer_and_none_past_it():
-    model = _model().train()
+    model = tiny_model().train()
     ids = torch.randint(0, 2000, (3, 8))
     positions = torch.arange(8).expand(3, 8)
     mask = torch.ones(3, 8, 8, dtype=torch.bool)
@@ -142,7 +142,7 @@ def test_the_probes_gradient_reaches_the_tapped_layer_and_none_past_it():
 
 def test_a_fresh_probe_leaves_the_models_gradient_alone():
     """Zero weights: until the probe has found a direction, the term moves only the probe."""
-    model = _model().train()
+    model = tiny_model().train()
     batch = _batch(random.Random(5), 12, "multiply")
     term = RunningSumTerm(64, 1, 1.0)
     grads = []

@@ -8,7 +8,7 @@ import pathlib
 import torch
 
 from tests.conftest import benchmark_module
-from tests.test_llada2_training import SIZES
+from tests.llada2_tiny import SIZES
 from vllm_dllm.tools import train
 
 

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from tests.test_llada2_training import SIZES
+from tests.llada2_tiny import SIZES
 from vllm_dllm.tools import train
 from vllm_dllm.training.task_balance import TaskGradientBalance
 
