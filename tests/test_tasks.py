@@ -380,3 +380,24 @@ def test_working_sum_grows_from_one_digit_numbers():
     full = [task_at("working_sum", 1.0).draw(rng) for _ in range(200)]
     assert max(len(i.answer.split("+")[0]) for i in small) == 1
     assert max(len(i.answer.split("+")[0]) for i in full) == 5
+
+
+def test_padded_sum_writes_its_numbers_at_one_width_at_every_size():
+    """padded_sum: working_sum with the three numbers zero-padded to one width, so a sum
+    digit stands a fixed distance after the digits it adds at every curriculum level."""
+    from vllm_dllm.tasks import AUX_TASKS, working_length
+    from vllm_dllm.training.curriculum import task_at
+
+    task = AUX_TASKS["padded_sum"]
+    rng = random.Random(9)
+    assert task.working_given
+    for level in (0.0, 0.5, 1.0):
+        for _ in range(100):
+            item = task_at("padded_sum", level).sample(rng, TRAIN)
+            assert item.task == "padded_sum" and check_answer(item), item
+            x, y, total = item.answer.replace("+", "=").split("=")
+            assert len(x) == len(y) == len(total) == 7 and int(x) + int(y) == int(total)
+            assert working_length(item) == 16 and len(item.answer) <= task.gen_length
+    assert max(int(task_at("padded_sum", 0.0).draw(rng).answer[:7]) for _ in range(50)) < 10
+    for wrong in ("0000012+0000030=0000043", "12+0000030=0000042", "0000012+0000030=42"):
+        assert not check_answer(Instance("padded_sum", "sum the working", wrong)), wrong

@@ -48,7 +48,8 @@ capitals, spaces, "=", "+" and bracket characters, one token each under the task
   lookup     "find\n;ab=C;ef=G;...\nvalue of;ef="                  -> "G"
   recall     "find\n;ab=C;ef=G;ij=K;...\nvalues of;ef=;ab="        -> "GC"
   working_sum "sum the working"                                  -> "33747+433890=467637"
-(working_sum's working is shown to training as given: `Task.working_given`)
+  padded_sum "sum the working"                                   -> "0033747+0433890=0467637"
+(working_sum's and padded_sum's working is shown to training as given: `Task.working_given`)
 """
 
 from __future__ import annotations
@@ -238,7 +239,7 @@ def working_length(instance: Instance) -> int:
     """How many of the answer's leading characters are working that the rest is
     computed from: a multiply's partial products up to their sum ("33747+433890=" of
     "33747+433890=467637"); 0 where the answer writes no working."""
-    if instance.task in ("multiply", "working_sum") and "=" in instance.answer:
+    if instance.task in ("multiply", "working_sum", "padded_sum") and "=" in instance.answer:
         return instance.answer.rindex("=") + 1
     return 0
 
@@ -329,6 +330,26 @@ class WorkingSum(Task):
                 return instance
 
 
+class PaddedWorkingSum(WorkingSum):
+    """working_sum with all three numbers written at one width, leading zeros in front
+    ("0033747+0433890=0467637" at `width` 7).  Then a sum digit stands
+    a fixed distance after the two digits it adds, in every instance and at every size,
+    where in working_sum that distance varies with the numbers' lengths.  A training
+    probe: does the in-answer sum come faster when its digits line up?"""
+
+    name = "padded_sum"
+
+    def __init__(self, max_digits: int = 5, width: int = 7):
+        # 7 digits hold the largest sum, 99999 + 999990.
+        super().__init__(max_digits)
+        self.width = width
+
+    def draw(self, rng: random.Random) -> Instance:
+        x, y, total = (int(n) for n in super().draw(rng).answer.replace("+", "=").split("="))
+        w = self.width
+        return Instance(self.name, "sum the working", f"{x:0{w}d}+{y:0{w}d}={total:0{w}d}")
+
+
 class Recall(Task):
     """The lookup asked several times per instance (multi-query associative recall):
     one capital per queried key, in the order asked.  A single-query lookup gives one
@@ -387,7 +408,7 @@ class Brackets(Task):
 # Harder tasks (issue 27): not part of `TASKS`, which the shipped model was trained on.
 HARD_TASKS: dict[str, Task] = {t.name: t for t in (Sort(), Multiply(), Chain(), Brackets())}
 # Tasks that train a mechanism another task needs; named alone, in no group.
-AUX_TASKS: dict[str, Task] = {t.name: t for t in (Lookup(), Recall(), WorkingSum())}
+AUX_TASKS: dict[str, Task] = {t.name: t for t in (Lookup(), Recall(), WorkingSum(), PaddedWorkingSum())}
 ALL_TASKS: dict[str, Task] = {**TASKS, **HARD_TASKS, **AUX_TASKS}
 # Names that stand for several tasks (eval's --task, train's --tasks).
 TASK_GROUPS: dict[str, list[str]] = {"all": list(TASKS), "hard": list(HARD_TASKS),
@@ -450,6 +471,10 @@ def check_answer(instance: Instance) -> bool:
     if instance.task == "working_sum":
         match = re.fullmatch(r"(0|[1-9]\d*)\+(0|[1-9]\d*)=(\d+)", answer)
         return prompt == "sum the working" and match is not None and int(match[1]) + int(match[2]) == int(match[3])
+    if instance.task == "padded_sum":
+        match = re.fullmatch(r"(\d+)\+(\d+)=(\d+)", answer)
+        return (prompt == "sum the working" and match is not None and len({len(n) for n in match.groups()}) == 1
+                and int(match[1]) + int(match[2]) == int(match[3]))
     if instance.task in ("retrieval", "lookup"):
         _, body, query = prompt.split("\n")
         pairs = dict(p.split("=") for p in body.split(";")[1:])

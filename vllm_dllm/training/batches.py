@@ -17,7 +17,7 @@ CHAT_SUFFIX = "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
 # Sequences per batch, chosen so each task's batch is a similar number of tokens.
 BATCH_SIZES = {"retrieval": 24, "addition": 96, "copy": 48, "reverse": 48,
                "sort": 48, "multiply": 96, "chain": 32, "brackets": 64, "lookup": 48, "recall": 48,
-               "working_sum": 96}
+               "working_sum": 96, "padded_sum": 96}
 
 
 class Encoder:

@@ -60,7 +60,7 @@ def task_at(name: str, level: float) -> Task:
     if isinstance(full, WorkingSum):
         # At full size from the start it stayed near chance (0.10-0.17 per digit) for 300
         # steps from a model that adds the prompt's numbers (docs/training-log.md, session 40).
-        return WorkingSum(grow(1, full.max_digits))
+        return type(full)(grow(1, full.max_digits))  # padded_sum keeps its one width
     if isinstance(full, Copy):
         return type(full)(grow(2, full.min_len), grow(8, full.max_len))
     return full
