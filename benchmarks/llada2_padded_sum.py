@@ -85,13 +85,13 @@ def table(result: dict) -> str:
              "counted), whole sums, and by place from the units (the last place pools the higher ones):", ""]
     head = "| state | layout | step | " + " | ".join(f"{s}: digits | whole | by place" for s in sets) + " |"
     lines += [head, "|" + "---|" * (3 + 3 * len(sets))]
-    for path, r in result["states"].items():
+    for r in result["states"]:  # a state may be read in both layouts
         cells = []
         for s in sets:
             m = r[s]
             cells += [str(m["digit_accuracy"]), str(m["whole"]),
                       " ".join("-" if v is None else f"{v:.2f}" for v in m["by_place"])]
-        lines.append(f"| `{path}` | {r['layout']} | {r['step']} | " + " | ".join(cells) + " |")
+        lines.append(f"| `{r['state']}` | {r['layout']} | {r['step']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -117,8 +117,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     width = args.width or AUX_TASKS["padded_sum"].width
     sets = pairs(args.n)
-    states = {**{str(p): measure(p, None, sets) for p in args.state},
-              **{str(p): measure(p, width, sets) for p in args.padded}}
+    states = [{"state": str(p), **measure(p, None, sets)} for p in args.state]
+    states += [{"state": str(p), **measure(p, width, sets)} for p in args.padded]
     result = {"n": args.n, "sets": list(sets), "states": states}
     print_and_write(result, table(result), args.out)
     return 0

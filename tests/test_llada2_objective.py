@@ -215,3 +215,21 @@ def test_altered_working_sums_the_partial_products_as_written():
     for answer in ("336", "12"):
         with pytest.raises(ValueError, match="only a multiply answer with working"):
             altered_working(Instance("multiply", "mul 48*7=", answer), rng)
+
+
+def test_altered_working_keeps_a_padded_workings_width():
+    from vllm_dllm.tasks import TRAIN, Multiply
+    from vllm_dllm.training.altered_working import altered_working
+
+    rng, task = random.Random(7), Multiply(width=6)
+    drawn = wider = 0
+    while drawn < 200:
+        inst = task.sample(rng, TRAIN)
+        if "=" not in inst.answer:
+            continue
+        drawn += 1
+        units, tens, total = altered_working(inst, rng).answer.replace("+", "=").split("=")
+        assert len(units) == len(tens) == 6 and len(total) >= 6 and int(units) + int(tens) == int(total)
+        assert tens.endswith("0") and (len(total) == 6 or not total.startswith("0"))
+        wider += len(total) > 6
+    assert wider < drawn // 2, "only a sum past 999999 is wider"

@@ -32,10 +32,13 @@ def test_a_padded_sum_state_is_measured_in_both_layouts(tmp_path):
     module = benchmark_module("llada2_padded_sum")
     sets = module.pairs(3)
     state = pathlib.Path(out / "state.pt")
+    rows = []
     for width in (None, 7):
         result = module.measure(state, width, sets)
+        rows.append({"state": str(state), **result})
         for name, items in sets.items():
             m = result[name]
             assert m["digits"] == sum(len(str(x + y)) for x, y in items), "leading zeros are not scored"
             assert 0 <= m["digit_accuracy"] <= 1 and 0 <= m["whole"] <= 3
-    assert "padded to 7" in module.table({"n": 3, "sets": list(sets), "states": {str(state): result}})
+    table = module.table({"n": 3, "sets": list(sets), "states": rows})
+    assert "| unpadded |" in table and "| padded to 7 |" in table, "one state read in both layouts, two rows"

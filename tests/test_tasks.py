@@ -149,8 +149,8 @@ def test_hard_task_formats_and_sizes():
         m = HARD_TASKS["multiply"].draw(rng)
         a, b = m.prompt.removeprefix("mul ").removesuffix("=").split("*")
         assert len(a) <= 4 and len(b) <= 2 and m.answer.endswith(str(int(a) * int(b)))
-        if len(b) == 2:  # the working: a times the units digit, a times the tens, then the sum
-            assert m.answer == f"{int(a) * int(b[1])}+{int(a) * int(b[0]) * 10}={int(a) * int(b)}"
+        if len(b) == 2:  # the working: a times the units digit, a times the tens, then the sum, at 6 digits
+            assert m.answer == f"{int(a) * int(b[1]):06d}+{int(a) * int(b[0]) * 10:06d}={int(a) * int(b):06d}"
         else:
             assert m.answer == str(int(a) * int(b))
         assert len(m.answer) < HARD_TASKS["multiply"].gen_length, "the answer and its end token fit the canvas"
@@ -327,7 +327,7 @@ def test_a_product_is_right_with_its_working_or_alone():
     from vllm_dllm.tasks import accepted_answers, closest_answer
 
     worked = Instance("multiply", "mul 4821*97=", "33747+433890=467637")
-    assert accepted_answers(worked) == ("33747+433890=467637", "467637")
+    assert accepted_answers(worked) == ("33747+433890=467637", "033747+433890=467637", "467637")
     assert score(worked, " 33747+433890=467637\n") and score(worked, "467637")
     # A wrong working is wrong even under the right product; a wrong product is wrong.
     assert not score(worked, "33747+433891=467637") and not score(worked, "467638")
@@ -401,3 +401,45 @@ def test_padded_sum_writes_its_numbers_at_one_width_at_every_size():
     assert max(int(task_at("padded_sum", 0.0).draw(rng).answer[:7]) for _ in range(50)) < 10
     for wrong in ("0000012+0000030=0000043", "12+0000030=0000042", "0000012+0000030=42"):
         assert not check_answer(Instance("padded_sum", "sum the working", wrong)), wrong
+
+
+def test_multiply_can_write_its_working_padded_and_either_layout_scores():
+    """Multiply(width=W) writes the working's three numbers at W digits; the product alone
+    and the working in either layout are right; the curriculum's sizes keep the width."""
+    from vllm_dllm.tasks import (HARD_TASKS, Multiply, accepted_answers, multiply_answer, multiply_product,
+                                 working_length)
+    from vllm_dllm.training.curriculum import fitting_task, hard_part, task_at
+
+    assert multiply_answer(4821, 97, width=6) == "033747+433890=467637"
+    assert multiply_answer(48, 97, width=6) == "000336+004320=004656"
+    assert multiply_answer(4821, 7, width=6) == "33747", "a one-digit multiplier writes no working"
+    assert multiply_product("000336+004320=004656") == "4656" and multiply_product("000000+000000=000000") == "0"
+    assert multiply_product("0+0=0") == "0" and multiply_product("0") == "0"
+    task = Multiply(width=6)
+    assert task.gen_length == 24 and len(multiply_answer(9999, 99, width=6)) + 1 <= task.gen_length
+    rng = random.Random(10)
+    padded_seen = 0
+    for _ in range(300):
+        item = task.sample(rng, TRAIN)
+        assert check_answer(item) and score(item, item.answer), item
+        a, b = multiply_factors(item.prompt)
+        assert score(item, str(a * b)) and score(item, multiply_answer(a, b))
+        if b >= 10:
+            padded_seen += 1
+            numbers = item.answer.replace("+", "=").split("=")
+            assert [len(n) for n in numbers] == [6, 6, 6] and working_length(item) == 14
+            assert not score(item, str(a * b + 1))
+            assert set(accepted_answers(item)) == {item.answer, multiply_answer(a, b), str(a * b)}
+    assert padded_seen > 100
+    plain = Instance("multiply", "mul 4821*97=", "33747+433890=467637")
+    assert "033747+433890=467637" in accepted_answers(plain), "a model that pads is right on the plain task"
+    assert not check_answer(Instance("multiply", "mul 4821*97=", "033747+433890=0467637"))
+    assert HARD_TASKS["multiply"].width == 6, "the registered task pads"
+    smaller = task_at("multiply", 0.5)
+    assert smaller.max_digits_a < 4 and smaller.width == 6
+    worked = [i for i in (smaller.draw(rng) for _ in range(100)) if "=" in i.answer]
+    assert worked and all(len(i.answer) == 20 for i in worked), "smaller numbers, the same width"
+    with pytest.raises(ValueError, match="cannot hold products of up to 6 digits"):
+        Multiply(width=5)
+    for sized in (hard_part(task), fitting_task(task, 8)):
+        assert sized.width == 6

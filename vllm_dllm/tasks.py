@@ -187,20 +187,29 @@ class Multiply(Task):
 
     name = "multiply"
 
-    def __init__(self, max_digits_a: int = 4, max_digits_b: int = 2, min_digits: int = 1, working: bool = True):
+    def __init__(self, max_digits_a: int = 4, max_digits_b: int = 2, min_digits: int = 1, working: bool = True,
+                 width: int | None = None):
         if min_digits < 1:
             raise ValueError(f"min_digits must be at least 1, not {min_digits}")
         if working and max_digits_b > 2:
             raise ValueError(f"the written working covers multipliers of up to two digits, not {max_digits_b}")
+        if width is not None and width < max_digits_a + max_digits_b:
+            raise ValueError(f"a padded working of width {width} cannot hold products of up to "
+                             f"{max_digits_a + max_digits_b} digits")
         self.max_digits_a, self.max_digits_b, self.min_digits = max_digits_a, max_digits_b, min_digits
-        self.working = working
+        self.working, self.width = working, width
 
     @property
     def gen_length(self) -> int:
         # The product has at most max_digits_a + max_digits_b digits; the working adds
-        # two partial products of at most max_digits_a + 1 and + 2 digits, "+" and "=".
+        # two partial products of at most max_digits_a + 1 and + 2 digits, "+" and "=";
+        # padded, all three numbers are `width` digits.
         product = self.max_digits_a + self.max_digits_b
-        return 8 * -(-(product + (2 * self.max_digits_a + 5 if self.working and self.max_digits_b == 2 else 0)) // 8)
+        if self.working and self.max_digits_b == 2:
+            written = 3 * self.width + 2 if self.width else product + 2 * self.max_digits_a + 5
+        else:
+            written = product
+        return 8 * -(-written // 8)
 
     @property
     def max_digits(self) -> int:  # what eval's description and canvas fitting read
@@ -215,24 +224,32 @@ class Multiply(Task):
     def draw(self, rng: random.Random) -> Instance:
         a = self._factor(rng, self.max_digits_a)
         b = self._factor(rng, self.max_digits_b)
-        return Instance(self.name, f"mul {a}*{b}=", multiply_answer(a, b, self.working))
+        return Instance(self.name, f"mul {a}*{b}=", multiply_answer(a, b, self.working, self.width))
 
 
-def multiply_answer(a: int, b: int, working: bool = True) -> str:
+def multiply_answer(a: int, b: int, working: bool = True, width: int | None = None) -> str:
     """The product; with `working` and a two-digit multiplier, its partial products
     first, as written by hand: 4821*97 -> "33747+433890=467637" (4821*7, 4821*90, the
     sum).  The product's digit sums two partial products and a carry, a sum this model
     size did not find from the product's digits alone (docs/training-log.md, sessions
     30-37); written out, each step is a product by one digit and then an addition, both
-    learned, and the answer's later tokens depend on its earlier ones."""
+    learned, and the answer's later tokens depend on its earlier ones.  With `width`, the
+    working's three numbers are written at that width, leading zeros in front
+    ("0033747+0433890=0467637" at 7), so each digit of the sum stands a fixed distance
+    after the two it adds (tasks' padded_sum)."""
     if working and 10 <= b <= 99:
-        return f"{a * (b % 10)}+{a * (b // 10) * 10}={a * b}"
+        w = width or 0
+        return f"{a * (b % 10):0{w}d}+{a * (b // 10) * 10:0{w}d}={a * b:0{w}d}"
     return str(a * b)
 
 
 def multiply_product(answer: str) -> str:
-    """The product a multiply answer ends with, its working (if any) left off."""
-    return answer.rsplit("=", 1)[-1]
+    """The product a multiply answer ends with, its working (if any) and a padded
+    working's leading zeros left off."""
+    if "=" not in answer:
+        return answer
+    product = answer.rsplit("=", 1)[-1]
+    return product.lstrip("0") or product[-1:]
 
 
 def working_length(instance: Instance) -> int:
@@ -406,7 +423,9 @@ class Brackets(Task):
 
 
 # Harder tasks (issue 27): not part of `TASKS`, which the shipped model was trained on.
-HARD_TASKS: dict[str, Task] = {t.name: t for t in (Sort(), Multiply(), Chain(), Brackets())}
+# Multiply pads its working: the in-answer sum came at 0.99 a digit padded against 0.86 plain
+# over the same steps (docs/training-log.md, session 41).
+HARD_TASKS: dict[str, Task] = {t.name: t for t in (Sort(), Multiply(width=6), Chain(), Brackets())}
 # Tasks that train a mechanism another task needs; named alone, in no group.
 AUX_TASKS: dict[str, Task] = {t.name: t for t in (Lookup(), Recall(), WorkingSum(), PaddedWorkingSum())}
 ALL_TASKS: dict[str, Task] = {**TASKS, **HARD_TASKS, **AUX_TASKS}
@@ -446,7 +465,9 @@ def check_answer(instance: Instance) -> bool:
         return answer == " ".join(map(str, sorted(numbers)))
     if instance.task == "multiply":
         a, b = multiply_factors(prompt)
-        return answer in (multiply_answer(a, b), multiply_answer(a, b, working=False))
+        padded = re.fullmatch(r"(\d+)\+\d+=\d+", answer)
+        width = len(padded[1]) if padded and padded[1].startswith("0") and len(padded[1]) > 1 else None
+        return answer in (multiply_answer(a, b, width=width), multiply_answer(a, b, working=False))
     if instance.task == "chain":
         _, links, hubs, query = prompt.split("\n")
         link_pairs = re.findall(r";([a-z]{2})=([A-Z])", links)
@@ -497,7 +518,12 @@ def accepted_answers(instance: Instance) -> tuple[str, ...]:
     that writes its working, also the product alone (a model that multiplies without
     writing the working has done the task; a wrong working is still wrong)."""
     if instance.task == "multiply" and multiply_product(instance.answer) != instance.answer:
-        return instance.answer, multiply_product(instance.answer)
+        a, b = multiply_factors(instance.prompt)
+        full = ALL_TASKS["multiply"]
+        padded = full.width or full.max_digits_a + full.max_digits_b
+        # Either layout of the working (a model trained on the other one has done the task).
+        return tuple(dict.fromkeys((instance.answer, multiply_answer(a, b), multiply_answer(a, b, width=padded),
+                                    multiply_product(instance.answer))))
     return (instance.answer,)
 
 

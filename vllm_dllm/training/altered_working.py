@@ -43,10 +43,12 @@ def _altered(a: int, digit: int, scale: int, rng: random.Random) -> int:
 def altered_working(instance: Instance, rng: random.Random) -> Instance:
     """The instance with one or both of its partial products changed and the sum of the
     written ones as its result ("mul 4821*97=": "33747+433890=467637" may become
-    "33747+385680=419427").  Only a multiply instance that writes its working can be
-    altered."""
+    "33747+385680=419427"), in the instance's layout (plain or padded).  Only a multiply
+    instance that writes its working can be altered."""
     factors = multiply_factors(instance.prompt) if instance.task == "multiply" else None
-    if factors is None or instance.answer != multiply_answer(*factors) or "=" not in instance.answer:
+    width = len(instance.answer.split("+")[0]) if instance.answer.startswith("0") else None
+    if (factors is None or "=" not in instance.answer
+            or instance.answer != multiply_answer(*factors, width=width)):
         raise ValueError(f"only a multiply answer with working can be altered, not {instance.answer!r}")
     a, b = factors
     units, tens = a * (b % 10), a * (b // 10) * 10
@@ -55,4 +57,5 @@ def altered_working(instance: Instance, rng: random.Random) -> Instance:
         units = _altered(a, b % 10, 1, rng)
     if which != 0:
         tens = _altered(a, b // 10, 10, rng)
-    return Instance(instance.task, instance.prompt, f"{units}+{tens}={units + tens}")
+    w = width or 0  # a padded working stays padded (an altered sum may be a digit wider)
+    return Instance(instance.task, instance.prompt, f"{units:0{w}d}+{tens:0{w}d}={units + tens:0{w}d}")

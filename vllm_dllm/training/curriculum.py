@@ -39,7 +39,8 @@ def task_at(name: str, level: float) -> Task:
     if isinstance(full, Sort):
         return Sort(grow(2, full.min_count), grow(3, full.max_count), full.max_value)
     if isinstance(full, Multiply):
-        return Multiply(grow(1, full.max_digits_a), grow(1, full.max_digits_b), working=full.working)
+        return Multiply(grow(1, full.max_digits_a), grow(1, full.max_digits_b), working=full.working,
+                        width=full.width)  # one width at every size: the sum's digits line up alike
     if isinstance(full, Chain):
         # One link and one value first, as retrieval starts with two pairs.
         return Chain(grow(2, full.min_pairs), grow(2, full.max_pairs))
@@ -74,7 +75,7 @@ def hard_part(task: Task) -> Task | None:
     if isinstance(task, Multiply):
         if min(task.max_digits_a, task.max_digits_b) < 2:
             return None
-        return Multiply(task.max_digits_a, task.max_digits_b, min_digits=2, working=task.working)
+        return Multiply(task.max_digits_a, task.max_digits_b, min_digits=2, working=task.working, width=task.width)
     if isinstance(task, Sort):
         longer = (task.min_count + task.max_count + 1) // 2
         return Sort(longer, task.max_count, task.max_value) if longer > task.min_count else None
@@ -105,7 +106,7 @@ def fitting_task(full: Task, canvas: int) -> Task | None:
         return type(full)(full.min_len, min(full.max_len, canvas))
     if isinstance(full, Multiply) and full.gen_length > canvas:
         # Below the written working's canvas, the one-digit multipliers (the product alone).
-        one_digit = Multiply(full.max_digits_a, 1, working=full.working)
+        one_digit = Multiply(full.max_digits_a, 1, working=full.working, width=full.width)
         return one_digit if one_digit.gen_length <= canvas else None
     return full if full.gen_length <= canvas else None
 
