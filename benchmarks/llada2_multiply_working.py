@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))  # report.py beside this script
 
 from report import print_and_write  # noqa: E402
-from vllm_dllm.tasks import TEST, Instance, Multiply, multiply_factors  # noqa: E402
+from vllm_dllm.tasks import TEST, Instance, Multiply, multiply_factors, score  # noqa: E402
 
 CHECKS = ("written as p0+p1=product", "p0 right", "p1 right", "both partial products right",
           "product = p0 + p1 as written", "product right", "whole answer right")
@@ -37,10 +37,10 @@ def checks(instance: Instance, predicted: str) -> set[str]:
     """The CHECKS `predicted` passes (none but the last two apply without the form)."""
     a, b = multiply_factors(instance.prompt)
     text = predicted.strip()
-    passed = {"whole answer right"} if text == instance.answer else set()
     match = WORKING.fullmatch(text)
     if match is None:
-        return passed | ({"product right"} if text == str(a * b) else set())
+        return {"product right"} if text == str(a * b) else set()
+    passed = {"whole answer right"} if score(instance, text) else set()  # the working in either layout
     p0, p1, product = (int(g) for g in match.groups())
     right0, right1 = p0 == a * (b % 10), p1 == a * (b // 10) * 10
     flags = {"written as p0+p1=product": True, "p0 right": right0, "p1 right": right1,

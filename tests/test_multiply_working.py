@@ -22,6 +22,7 @@ FORM, P0, P1, BOTH, ADDS, RIGHT, WHOLE = (
 
 @pytest.mark.parametrize("predicted, passed", [
     (" 195+1170=1365\n", {FORM, P0, P1, BOTH, ADDS, RIGHT, WHOLE}),
+    ("000195+001170=001365", {FORM, P0, P1, BOTH, ADDS, RIGHT, WHOLE}),  # the padded layout
     ("195+1170=1195", {FORM, P0, P1, BOTH}),  # the partial products, not their sum
     ("195+1180=1375", {FORM, P0, ADDS}),  # adds what it wrote, one product wrong
     ("185+1170=1365", {FORM, P1, RIGHT}),
