@@ -22,7 +22,7 @@ measured on them (`--task all`).  `HARD_TASKS` holds four whose answers take sev
 dependent steps, so that committing many tokens at once goes wrong unless the model is
 sure (issue 27: tasks that rank decoding rules):
   sort       "sort 52 7 913 40"                                  -> "7 40 52 913"
-  multiply   "mul 4821*97="                                      -> "33747+433890=467637"
+  multiply   "mul 4821*97="                                      -> "033747+433890=467637"
   chain      "chain\\n;ab=C;cd=E;ef=C\\n;C=XY;E=GH\\nfollow;ab=" -> "C=XY"
   brackets   "close ([]{<>}(<"                                   -> ">))"
 Sort: where each number lands depends on every other one, and on the widths of the
@@ -33,7 +33,9 @@ sum, so the sum's digits depend on answer tokens decoded before them.  (Until se
 the product was written alone: an 8-layer model did not learn to sum two partial products
 inside one digit's computation, whatever its training, docs/training-log.md sessions 30-37;
 `Multiply(working=False)` still draws that format, and `score` still takes the
-product written alone as right: `accepted_answers`.)  Chain (two-hop retrieval): a link's value names a hub, whose
+product written alone as right: `accepted_answers`.  Since session 41 the working's three
+numbers are padded to six digits, so a sum digit stands a fixed distance after the two it
+adds; the unpadded working still scores right.)  Chain (two-hop retrieval): a link's value names a hub, whose
 value is two capitals; the answer is the hub then its value, so the value depends on
 the hub decoded before it.  Both hops match a token with itself, and every answer
 token is one other tasks answer with too.  Two earlier formats named the hub by its
