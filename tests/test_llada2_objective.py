@@ -113,14 +113,20 @@ def test_a_narrow_mask_range_masks_more_of_every_canvas():
         assert 0.75 * len(c) < masked <= len(c)
 
 
+def _rows_with_prefixes(seed: int, block: int):
+    """64 rows, their canvases' columns in the two-copy layout, and a leading span per
+    row (working, or given working); the generator, to draw on from."""
+    rng = random.Random(seed)
+    prompts, canvases = canvas_rows(rng, 64, block)
+    cols = llada2_objective.two_copy_layout(prompts, canvases, block, 7)[4]
+    return rng, prompts, canvases, cols, prefix_lengths(rng, canvases)
+
+
 def test_working_first_masks_the_result_before_any_working():
     """Ordered rows never show a masked working token beside a visible result token,
     nor an edited token; rows without working (w = 0) mask at random and are edited."""
     block, mask_id = 8, 2289
-    rng = random.Random(4)
-    prompts, canvases = canvas_rows(rng, 64, block)
-    _, _, _, _, cols = llada2_objective.two_copy_layout(prompts, canvases, block, 7)
-    working = prefix_lengths(rng, canvases)
+    rng, prompts, canvases, cols, working = _rows_with_prefixes(4, block)
     spy = _InputSpy()
     llada2_objective.block_diffusion_loss(spy, prompts, canvases, block, mask_id, torch.Generator().manual_seed(0),
                                           pad_id=7, working=working, edit_ratio=0.3)
@@ -161,10 +167,7 @@ class _ScoreSpy(_InputSpy):
 
 def test_given_working_is_shown_as_written_and_never_masked_edited_or_scored():
     block, mask_id = 8, 2289
-    rng = random.Random(5)
-    prompts, canvases = canvas_rows(rng, 64, block)
-    _, _, _, _, cols = llada2_objective.two_copy_layout(prompts, canvases, block, 7)
-    given = prefix_lengths(rng, canvases)
+    rng, prompts, canvases, cols, given = _rows_with_prefixes(5, block)
     spy = _ScoreSpy()
     loss, _ = llada2_objective.block_diffusion_loss(spy, prompts, canvases, block, mask_id,
                                                     torch.Generator().manual_seed(0), pad_id=7, given=given,
