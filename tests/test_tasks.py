@@ -399,8 +399,16 @@ def test_padded_sum_writes_its_numbers_at_one_width_at_every_size():
             assert len(x) == len(y) == len(total) == 7 and int(x) + int(y) == int(total)
             assert working_length(item) == 16 and len(item.answer) <= task.gen_length
     assert max(int(task_at("padded_sum", 0.0).draw(rng).answer[:7]) for _ in range(50)) < 10
-    for wrong in ("0000012+0000030=0000043", "12+0000030=0000042", "0000012+0000030=42"):
+    for wrong in ("0000012+0000030=0000043", "12+0000030=0000042", "0000012+0000030=42", "12+30=42",
+                  "00000012+00000030=00000042"):
         assert not check_answer(Instance("padded_sum", "sum the working", wrong)), wrong
+    # The same pairs are held out as working_sum's: the split goes by the plain answer.
+    plain, padded = random.Random(11), random.Random(11)
+    for split in (TRAIN, TEST) * 20:
+        a, b = AUX_TASKS["working_sum"].sample(plain, split), task.sample(padded, split)
+        assert [int(n) for n in a.answer.replace("+", "=").split("=")] == [
+            int(n) for n in b.answer.replace("+", "=").split("=")]
+    assert task_at("padded_sum", 0.3).width == 7
 
 
 def test_multiply_can_write_its_working_padded_and_either_layout_scores():
@@ -434,6 +442,7 @@ def test_multiply_can_write_its_working_padded_and_either_layout_scores():
     plain = Instance("multiply", "mul 4821*97=", "33747+433890=467637")
     assert "033747+433890=467637" in accepted_answers(plain), "a model that pads is right on the plain task"
     assert not check_answer(Instance("multiply", "mul 4821*97=", "033747+433890=0467637"))
+    assert not check_answer(Instance("multiply", "mul 4821*97=", "0033747+0433890=0467637")), "another width"
     assert HARD_TASKS["multiply"].width == 6, "the registered task pads"
     smaller = task_at("multiply", 0.5)
     assert smaller.max_digits_a < 4 and smaller.width == 6

@@ -343,10 +343,15 @@ class WorkingSum(Task):
         return Instance(self.name, "sum the working", f"{x}+{y}={x + y}")
 
     def sample(self, rng: random.Random, split: str) -> Instance:
+        # Split by the plain answer, so a layout of the same pairs holds out the same ones.
         while True:
-            instance = self.draw(rng)
-            if _split_of(instance.answer) == split:
-                return instance
+            plain = WorkingSum.draw(self, rng)
+            if _split_of(plain.answer) == split:
+                return self.written(plain)
+
+    def written(self, plain: Instance) -> Instance:
+        """The instance in this task's layout."""
+        return plain
 
 
 class PaddedWorkingSum(WorkingSum):
@@ -364,7 +369,10 @@ class PaddedWorkingSum(WorkingSum):
         self.width = width
 
     def draw(self, rng: random.Random) -> Instance:
-        x, y, total = (int(n) for n in super().draw(rng).answer.replace("+", "=").split("="))
+        return self.written(super().draw(rng))
+
+    def written(self, plain: Instance) -> Instance:
+        x, y, total = (int(n) for n in plain.answer.replace("+", "=").split("="))
         w = self.width
         return Instance(self.name, "sum the working", f"{x:0{w}d}+{y:0{w}d}={total:0{w}d}")
 
@@ -467,9 +475,8 @@ def check_answer(instance: Instance) -> bool:
         return answer == " ".join(map(str, sorted(numbers)))
     if instance.task == "multiply":
         a, b = multiply_factors(prompt)
-        padded = re.fullmatch(r"(\d+)\+\d+=\d+", answer)
-        width = len(padded[1]) if padded and padded[1].startswith("0") and len(padded[1]) > 1 else None
-        return answer in (multiply_answer(a, b, width=width), multiply_answer(a, b, working=False))
+        width = ALL_TASKS["multiply"].width  # the layouts accepted_answers takes
+        return answer in (multiply_answer(a, b), multiply_answer(a, b, width=width), multiply_answer(a, b, working=False))
     if instance.task == "chain":
         _, links, hubs, query = prompt.split("\n")
         link_pairs = re.findall(r";([a-z]{2})=([A-Z])", links)
@@ -496,7 +503,8 @@ def check_answer(instance: Instance) -> bool:
         return prompt == "sum the working" and match is not None and int(match[1]) + int(match[2]) == int(match[3])
     if instance.task == "padded_sum":
         match = re.fullmatch(r"(\d+)\+(\d+)=(\d+)", answer)
-        return (prompt == "sum the working" and match is not None and len({len(n) for n in match.groups()}) == 1
+        width = ALL_TASKS["padded_sum"].width
+        return (prompt == "sum the working" and match is not None and {len(n) for n in match.groups()} == {width}
                 and int(match[1]) + int(match[2]) == int(match[3]))
     if instance.task in ("retrieval", "lookup"):
         _, body, query = prompt.split("\n")

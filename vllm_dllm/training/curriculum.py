@@ -25,8 +25,8 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from vllm_dllm.tasks import (ALL_TASKS, Addition, Brackets, Chain, Copy, Lookup, Multiply, Recall, Retrieval, Sort, Task,
-                             WorkingSum)
+from vllm_dllm.tasks import (ALL_TASKS, Addition, Brackets, Chain, Copy, Lookup, Multiply, PaddedWorkingSum, Recall,
+                             Retrieval, Sort, Task, WorkingSum)
 
 
 def task_at(name: str, level: float) -> Task:
@@ -61,7 +61,9 @@ def task_at(name: str, level: float) -> Task:
     if isinstance(full, WorkingSum):
         # At full size from the start it stayed near chance (0.10-0.17 per digit) for 300
         # steps from a model that adds the prompt's numbers (docs/training-log.md, session 40).
-        return type(full)(grow(1, full.max_digits))  # padded_sum keeps its one width
+        if isinstance(full, PaddedWorkingSum):
+            return PaddedWorkingSum(grow(1, full.max_digits), full.width)  # one width at every size
+        return WorkingSum(grow(1, full.max_digits))
     if isinstance(full, Copy):
         return type(full)(grow(2, full.min_len), grow(8, full.max_len))
     return full
