@@ -53,7 +53,7 @@ def one_forward(model, encoder, ids, block: int, prompt: str, shown: str, hidden
     return (logits[start: start + len(target)].argmax(-1) == torch.tensor(target)).tolist()
 
 
-def measure(state_path: pathlib.Path, n: int) -> dict:
+def measure(state_path: pathlib.Path, n: int, width: int | None = None) -> dict:
     from vllm_dllm.tasks import TEST, Addition, Multiply, multiply_answer, multiply_factors
     from vllm_dllm.tools.train_llada2 import saved_llada2_model
     from vllm_dllm.training.altered_working import altered_working
@@ -66,7 +66,7 @@ def measure(state_path: pathlib.Path, n: int) -> dict:
     model.eval()
     encoder = Llada2Encoder(state_path.parent / "tokenizer", ids)
     rng = random.Random("sum-from-working")
-    products = [Multiply(4, 2, min_digits=2).sample(rng, TEST) for _ in range(n)]
+    products = [Multiply(4, 2, min_digits=2, width=width).sample(rng, TEST) for _ in range(n)]
     sums = [Addition().sample(rng, TEST) for _ in range(n)]
     result = {}
     for name, items in (("right working", products), ("altered working", [altered_working(i, rng) for i in products])):
@@ -77,7 +77,7 @@ def measure(state_path: pathlib.Path, n: int) -> dict:
             hits = one_forward(model, encoder, ids, block, item.prompt, item.answer[:cut], item.answer[cut:])
             digits, tokens, whole = digits + sum(hits), tokens + len(hits), whole + all(hits)
             if name == "altered working":
-                product = str(multiply_answer(*multiply_factors(item.prompt), working=False))
+                product = f"{int(multiply_answer(*multiply_factors(item.prompt), working=False)):0{width or 0}d}"
                 from_prompt += all(one_forward(model, encoder, ids, block, item.prompt, item.answer[:cut], product))
         result[name] = {"digit_accuracy": round(digits / tokens, 3), "whole": whole}
         if name == "altered working":
@@ -105,13 +105,15 @@ def main(argv=None) -> int:
     ap.add_argument("--state", type=pathlib.Path, action="append", required=True,
                     help="a LLaDA2 training state (state.pt, its run's tokenizer/ beside it); repeat to compare")
     ap.add_argument("--n", type=int, default=100)
+    ap.add_argument("--width", type=int, default=None,
+                    help="write the working padded to this width (multiply's layout since session 41: 6); plain if unset")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=pathlib.Path, default=None)
     args = ap.parse_args(argv)
     import torch
 
     torch.set_num_threads(args.threads)
-    result = {"n": args.n, "states": {str(p): measure(p, args.n) for p in args.state}}
+    result = {"n": args.n, "width": args.width, "states": {str(p): measure(p, args.n, args.width) for p in args.state}}
     print_and_write(result, table(result), args.out)
     return 0
 

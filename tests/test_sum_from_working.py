@@ -51,6 +51,20 @@ def test_the_working_is_written_and_only_the_sum_is_masked(tmp_path):
         assert 0 <= result[name]["digit_accuracy"] <= 1 and 0 <= result[name]["whole"] <= 3
     assert 0 <= result["altered working"]["true_product_instead"] <= 3
     assert f"| `{state_path}` |" in module.table({"n": 3, "states": {str(state_path): result}})
+    shown = []
+    real = module.one_forward
+
+    def recording(model, encoder, ids, block, prompt, given, hidden):
+        shown.append((prompt, given, hidden))
+        return real(model, encoder, ids, block, prompt, given, hidden)
+
+    module.one_forward = recording  # the benchmark module's own function, for this module object only
+    padded = module.measure(state_path, 3, width=6)
+    assert set(padded) == set(result) and 0 <= padded["right working"]["whole"] <= 3
+    worked = [(g, h) for p, g, h in shown if p.startswith("mul ")]
+    assert len(worked) == 9, "3 right, 3 altered, 3 true products"
+    for given, hidden in worked:
+        assert len(given) == 14 and given[6] == "+" and len(hidden) in (6, 7), (given, hidden)
 
 
 def module_mask(total: int, block: int):
