@@ -240,9 +240,23 @@ def multiply_answer(a: int, b: int, working: bool = True, width: int | None = No
     ("0033747+0433890=0467637" at 7), so each digit of the sum stands a fixed distance
     after the two it adds (tasks' padded_sum)."""
     if working and 10 <= b <= 99:
-        w = width or 0
-        return f"{a * (b % 10):0{w}d}+{a * (b // 10) * 10:0{w}d}={a * b:0{w}d}"
+        return written_sum(a * (b % 10), a * (b // 10) * 10, width)
     return str(a * b)
+
+
+def written_sum(x: int, y: int, width: int | None = None) -> str:
+    """"x+y=sum", each number at `width` digits (leading zeros) when given: the working's
+    layout, shared by multiply, working_sum/padded_sum and altered working."""
+    w = width or 0
+    return f"{x:0{w}d}+{y:0{w}d}={x + y:0{w}d}"
+
+
+def multiply_layouts(a: int, b: int) -> tuple[str, ...]:
+    """Every written form of a * b that is right: the working plain and padded at the
+    registered task's width (under a two-digit multiplier), and the product alone."""
+    full = ALL_TASKS["multiply"]
+    padded = full.width or full.max_digits_a + full.max_digits_b
+    return tuple(dict.fromkeys((multiply_answer(a, b), multiply_answer(a, b, width=padded), str(a * b))))
 
 
 def multiply_product(answer: str) -> str:
@@ -340,7 +354,7 @@ class WorkingSum(Task):
         x = rng.randrange(10 ** rng.randint(1, self.max_digits))
         y = rng.randrange(10 ** rng.randint(1, self.max_digits))
         y = y * 10 if rng.random() < 0.5 else y
-        return Instance(self.name, "sum the working", f"{x}+{y}={x + y}")
+        return Instance(self.name, "sum the working", written_sum(x, y))
 
     def sample(self, rng: random.Random, split: str) -> Instance:
         # Split by the plain answer, so a layout of the same pairs holds out the same ones.
@@ -372,9 +386,8 @@ class PaddedWorkingSum(WorkingSum):
         return self.written(super().draw(rng))
 
     def written(self, plain: Instance) -> Instance:
-        x, y, total = (int(n) for n in plain.answer.replace("+", "=").split("="))
-        w = self.width
-        return Instance(self.name, "sum the working", f"{x:0{w}d}+{y:0{w}d}={total:0{w}d}")
+        x, y, _ = (int(n) for n in plain.answer.replace("+", "=").split("="))
+        return Instance(self.name, "sum the working", written_sum(x, y, self.width))
 
 
 class Recall(Task):
@@ -475,8 +488,7 @@ def check_answer(instance: Instance) -> bool:
         return answer == " ".join(map(str, sorted(numbers)))
     if instance.task == "multiply":
         a, b = multiply_factors(prompt)
-        width = ALL_TASKS["multiply"].width  # the layouts accepted_answers takes
-        return answer in (multiply_answer(a, b), multiply_answer(a, b, width=width), multiply_answer(a, b, working=False))
+        return answer in multiply_layouts(a, b)
     if instance.task == "chain":
         _, links, hubs, query = prompt.split("\n")
         link_pairs = re.findall(r";([a-z]{2})=([A-Z])", links)
@@ -528,12 +540,8 @@ def accepted_answers(instance: Instance) -> tuple[str, ...]:
     that writes its working, also the product alone (a model that multiplies without
     writing the working has done the task; a wrong working is still wrong)."""
     if instance.task == "multiply" and multiply_product(instance.answer) != instance.answer:
-        a, b = multiply_factors(instance.prompt)
-        full = ALL_TASKS["multiply"]
-        padded = full.width or full.max_digits_a + full.max_digits_b
         # Either layout of the working (a model trained on the other one has done the task).
-        return tuple(dict.fromkeys((instance.answer, multiply_answer(a, b), multiply_answer(a, b, width=padded),
-                                    multiply_product(instance.answer))))
+        return tuple(dict.fromkeys((instance.answer, *multiply_layouts(*multiply_factors(instance.prompt)))))
     return (instance.answer,)
 
 

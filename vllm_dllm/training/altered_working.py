@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 
-from vllm_dllm.tasks import Instance, multiply_answer, multiply_factors
+from vllm_dllm.tasks import Instance, multiply_answer, multiply_factors, written_sum
 
 
 def _changed_digits(number: int, rng: random.Random, keep_last: bool) -> int:
@@ -57,5 +57,5 @@ def altered_working(instance: Instance, rng: random.Random) -> Instance:
         units = _altered(a, b % 10, 1, rng)
     if which != 0:
         tens = _altered(a, b // 10, 10, rng)
-    w = width or 0  # a padded working stays padded (an altered sum may be a digit wider)
-    return Instance(instance.task, instance.prompt, f"{units:0{w}d}+{tens:0{w}d}={units + tens:0{w}d}")
+    # A padded working stays padded (an altered sum may be a digit wider).
+    return Instance(instance.task, instance.prompt, written_sum(units, tens, width))
