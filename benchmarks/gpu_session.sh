@@ -86,23 +86,22 @@ train)
     else start=(--init-from vllm_dllm/default_model); fi
     # Three times the CPU run's rows per step (--batch-scale 2 against 0.67): a step of this
     # model is kernel launches, so on an H200 it still ran at ~8.7 steps/s (session 19).
-    # The data are those of the shipped model's last run (warm2, docs/training-log.md,
-    # session 33): steps weighted to the tasks still short of target, multiply most, half
-    # of multiply's and sort's batches from their hard part (two-digit multipliers, the
-    # longer lists) and chain always at full size.  Multiply's two-digit multipliers are
-    # what no CPU run has taught (benchmarks/results/llada2-multiply-products): they want
-    # many more steps, which is what the GPU is for.  The 8-layer model continues at 1e-4
-    # (a restart at 3e-4 shook it for hundreds of steps).  Since session 41 multiply writes
-    # its working padded to six digits and padded_sum trains the in-answer sum that layout
-    # makes learnable (docs/training-log.md, session 41).  TRAIN_ARGS overrides any of these.
+    # The data are those of the shipped model's last run (padmul2, docs/training-log.md,
+    # session 43): multiply writes its working padded to six digits and padded_sum trains
+    # the in-answer sum that layout makes learnable (session 41); half of multiply's and
+    # sort's batches from their hard part (two-digit multipliers, the longer lists); half of
+    # multiply's working masked sum-first and half of the rows asking for the sum with the
+    # partial products altered (sessions 39-40); addition and sort weighted up to hold
+    # them at target while multiply gains; no curriculum (every level is at full size).
+    # The 8-layer model continues at 5e-5 (a restart at 3e-4 shook it for hundreds of
+    # steps).  TRAIN_ARGS overrides any of these.
     conv=(--arch llada2 --out "$runs/gpu-conv" --tasks every,padded_sum --hidden 192 --layers 8 --heads 3 --kv-heads 3
           --intermediate 576 --experts 16 --experts-per-token 4 --expert-groups 4 --topk-groups 2
-          --moe-intermediate 144 --shared-experts 4 --rope-theta 10000 --steps 40000 --lr 1e-4 --warmup 100
+          --moe-intermediate 144 --shared-experts 4 --rope-theta 10000 --steps 40000 --lr 5e-5 --warmup 100
           --batch-scale 2 --batch-sizes retrieval=48
-          --task-weights retrieval=1,addition=1,sort=6,multiply=8,chain=4,brackets=2,padded_sum=3
-          --curriculum-threshold 0.9
-          --full-size-share 0.25,chain=1,multiply=0.5 --focus-share multiply=0.5,sort=0.5 --balance-tasks
-          --working-first-share 0.5
+          --task-weights retrieval=1,addition=4,sort=8,multiply=5,chain=4,brackets=2,padded_sum=3
+          --focus-share multiply=0.5,sort=0.5 --balance-tasks
+          --working-first-share 0.5 --altered-working-share 0.5
           --eval-every 1000 --eval-n 24 --save-every 200)
     # shellcheck disable=SC2086
     "$py" -m vllm_dllm.tools.train "${conv[@]}" "${start[@]}" --device "${TRAIN_DEVICE:-cuda}" --threads "${TRAIN_THREADS:-8}" \

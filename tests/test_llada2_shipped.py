@@ -1,8 +1,8 @@
 """The shipped LLaDA2 task model (vllm_dllm/llada2_model): a LLaDA2 checkpoint that the
 plugin serves and that answers the tasks it has learned.  The floors sit well under its
-recorded accuracy (benchmarks/results/llada2-shipped/: copy 100%, retrieval 100% at
-n = 200) and far above chance, so an export that broke the weights, the tokenizer or
-the chat frame fails, and numerics that differ by CPU do not."""
+recorded accuracy (benchmarks/results/llada2-shipped/: copy 100%, retrieval 99.5%,
+multiply 92% at n = 200) and far above chance, so an export that broke the weights, the
+tokenizer or the chat frame fails, and numerics that differ by CPU do not."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ import pytest
 
 from vllm_dllm import eval as task_eval
 from vllm_dllm.llada2_model import PATH
-from vllm_dllm.tasks import ALL_TASKS
+from vllm_dllm.tasks import ALL_TASKS, TASK_GROUPS
 from vllm_dllm.training.run_state import CURRICULUM_FILE
 
-FLOORS = {"copy": 14, "retrieval": 10}  # right answers of 16 held-out instances
+# Right answers of 16 held-out instances.  multiply (90.5% over 600) is the task the
+# padded working taught; a four-digit product is never right by chance.
+FLOORS = {"copy": 14, "retrieval": 10, "multiply": 11}
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,8 @@ def test_shipped_checkpoint_is_a_llada2_checkpoint_that_carries_its_run():
     assert config["architectures"] == ["LLaDA2MoeModelLM"] and config["model_type"] == "llada2_moe"
     assert (PATH / "model.safetensors").stat().st_size < 32 << 20
     levels = json.loads((PATH / CURRICULUM_FILE).read_text())["levels"]
-    assert set(levels) == {"retrieval", "addition", "copy", "reverse", "sort", "multiply", "chain", "brackets"}
+    # Training-only tasks the run also learned (padded_sum) carry their levels too.
+    assert set(TASK_GROUPS["every"]) <= set(levels)
 
 
 @pytest.mark.parametrize("name", sorted(FLOORS))
