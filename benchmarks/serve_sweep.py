@@ -36,7 +36,9 @@ peak and mean KV usage, peak running requests).  With a KV-limited pool
 Workloads: random prompts of three shapes (burst, osc, livebench), and `tasks`: the
 shipped task model's held-out prompts (an equal mix of the four tasks, chat template
 applied by the client, each with its task's canvas length), for configurations whose
-decoding depends on what the model is sure of (use --model with the task model).
+decoding depends on what the model is sure of (use --model with the task model);
+`hard-tasks` the same over the four multi-step tasks (sort, multiply, chain, brackets;
+the LLaDA2 task model's), where LLaDA2.1's editing has tokens to rewrite.
 """
 
 from __future__ import annotations
@@ -93,25 +95,29 @@ WORKLOADS = {
 }
 
 
-def task_prompts(path: pathlib.Path, count: int, seed: int = 0) -> pathlib.Path:
+# The task workloads: which task group (vllm_dllm.tasks.TASK_GROUPS) each draws from.
+TASK_WORKLOADS = {"tasks": "all", "hard-tasks": "hard"}
+
+
+def task_prompts(path: pathlib.Path, count: int, group: str = "all", seed: int = 0) -> pathlib.Path:
     """A custom-dataset file of held-out task prompts: {"prompt", "output_tokens"} lines."""
     import random
 
-    from vllm_dllm.tasks import TASKS, TEST
+    from vllm_dllm.tasks import ALL_TASKS, TASK_GROUPS, TEST
 
     rng = random.Random(seed)
-    names = sorted(TASKS)
+    names = sorted(TASK_GROUPS[group])
     lines = []
     for i in range(count):
-        task = TASKS[names[i % len(names)]]
+        task = ALL_TASKS[names[i % len(names)]]
         lines.append(json.dumps({"prompt": task.sample(rng, TEST).prompt, "output_tokens": task.gen_length}))
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
 def dataset_args(workload: str, args) -> list[str]:
-    if workload == "tasks":
-        path = task_prompts(args.out / "task-prompts.jsonl", args.num_prompts)
+    if workload in TASK_WORKLOADS:
+        path = task_prompts(args.out / f"{workload}-prompts.jsonl", args.num_prompts, TASK_WORKLOADS[workload])
         # -1: each prompt's own output_tokens (the default is a fixed 256).
         return ["--dataset-name", "custom", "--dataset-path", str(path), "--custom-output-len", "-1"]
     return ["--dataset-name", "random", *WORKLOADS[workload]]

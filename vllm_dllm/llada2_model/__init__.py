@@ -1,12 +1,11 @@
-"""The LLaDA2-format task model shipped with the plugin (issue 27, interim: trained by
-`vllm_dllm.tools.train --arch llada2`, docs/training-log.md, session 23 on).
+"""The LLaDA2-format task model shipped with the plugin (issue 27: trained by
+`vllm_dllm.tools.train --arch llada2`, docs/training-log.md, sessions 23-43).
 
 The folder is an unmodified LLaDA2.x checkpoint (llada2_moe, 8 layers, 14.03M parameters of which
 7.07M are active per token, bf16):
 `vllm serve <PATH>` serves it.  `curriculum.json` holds the curriculum levels of the
 run that wrote it, so `train --arch llada2 --init-from <PATH>` continues that run on any
-machine.  It is below the issue's targets (benchmarks/results/llada2-shipped/), and
-`make serve` serves the LLaDA-format model (vllm_dllm.default_model).
+machine.  Its held-out accuracy is in benchmarks/results/llada2-shipped/.
 `python -m vllm_dllm.llada2_model` prints the path.
 """
 
