@@ -13,7 +13,9 @@ the plugin matches token for token (tests/test_llada2_decoding.py), on held-out
 instances of every task at the length vllm_dllm.eval asks for (at least one block),
 greedy, for LLaDA2.1's quality and speed modes and a sweep of the editing threshold
 over threshold 0.7.  Also reported: exact match, edits per
-request and forwards per request.  Writes results.json and table.md.
+request and forwards per request.  Writes results.json, table.md and edits.png (fixed,
+broke and wrong to wrong per setting; edits per request per task); `--from-results
+results.json` redraws the table and the figure of an earlier run without decoding.
 """
 
 from __future__ import annotations
@@ -108,14 +110,56 @@ def write_table(results: dict[str, list[dict]], out: pathlib.Path, header: str) 
     return table
 
 
+def plot(results: dict[str, list[dict]], path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings = list(results)
+    tasks = list(dict.fromkeys(r["task"] for rows in results.values() for r in rows))
+    fig, (totals, per_task) = plt.subplots(1, 2, figsize=(13, 4.2))
+    width = 0.27
+    for i, kind in enumerate(("fixed", "broke", "wrong_to_wrong")):
+        counts = [sum(r[kind] for r in results[s]) for s in settings]
+        totals.bar([x + (i - 1) * width for x in range(len(settings))], counts, width, label=kind.replace("_", " "))
+    totals.set_xticks(range(len(settings)), settings, rotation=30, ha="right", fontsize=8)
+    totals.set(title="edits against the answer, all tasks", ylabel="tokens")
+    totals.legend(fontsize=8)
+    for setting in settings:
+        by_task = {r["task"]: r["edits_per_request"] for r in results[setting]}
+        per_task.plot(tasks, [by_task.get(t, 0.0) for t in tasks], marker="o", label=setting, alpha=0.8)
+    per_task.set(title="edits per request", ylabel="tokens edited")
+    per_task.tick_params(axis="x", labelsize=8)
+    per_task.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def header_for(model: pathlib.Path, n: int) -> str:
+    return (f"Edits of LLaDA2.1 decoding against the answer: {n} held-out instances per task, greedy, "
+            f"model {model.name}; traced by the reference loop (tests/oracle_llada2.py).")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=pathlib.Path, required=True, help="an exported LLaDA2-format checkpoint")
+    ap.add_argument("--model", type=pathlib.Path, default=None, help="an exported LLaDA2-format checkpoint")
     ap.add_argument("--n", type=int, default=30, help="held-out instances per task")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tasks", default="every")
     ap.add_argument("--out", type=pathlib.Path, default=HERE / "results" / "llada2-edits")
+    ap.add_argument("--from-results", type=pathlib.Path, default=None,
+                    help="an earlier run's results.json: redraw its table and figure into --out, no decoding")
     args = ap.parse_args(argv)
+    if args.from_results:
+        earlier = json.loads(args.from_results.read_text())
+        args.out.mkdir(parents=True, exist_ok=True)
+        print(write_table(earlier["results"], args.out, header_for(pathlib.Path(earlier["model"]), earlier["n"])))
+        plot(earlier["results"], args.out / "edits.png")
+        return 0
+    if args.model is None:
+        ap.error("--model is required (or --from-results)")
     generation = json.loads((args.model / "generation_config.json").read_text())
     ids = {"mask": generation["mask_token_id"], "eos": generation["eos_token_id"]}
     encoder = Llada2Encoder(args.model, ids)
@@ -131,9 +175,8 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"model": str(args.model), "n": args.n, "results": results},
                                                       indent=2) + "\n")
-    header = (f"Edits of LLaDA2.1 decoding against the answer: {args.n} held-out instances per task, greedy, "
-              f"model {args.model.name}; traced by the reference loop (tests/oracle_llada2.py).")
-    print(write_table(results, args.out, header))
+    print(write_table(results, args.out, header_for(args.model, args.n)))
+    plot(results, args.out / "edits.png")
     return 0
 
 
