@@ -5,7 +5,9 @@ The folder is an unmodified LLaDA2.x checkpoint (llada2_moe, 8 layers, 14.03M pa
 7.07M are active per token, bf16):
 `vllm serve <PATH>` serves it.  `curriculum.json` holds the curriculum levels of the
 run that wrote it, so `train --arch llada2 --init-from <PATH>` continues that run on any
-machine.  Its held-out accuracy is in benchmarks/results/llada2-shipped/.
+machine.  Its held-out accuracy is in benchmarks/results/llada2-shipped/; `make serve`
+serves the LLaDA-format model (vllm_dllm.default_model), which is ahead of this one on
+addition (README, issue 27).
 `python -m vllm_dllm.llada2_model` prints the path.
 """
 
