@@ -63,8 +63,11 @@ HERE = pathlib.Path(__file__).resolve().parent
 # 2-core machine that leaves the worker one OpenMP thread on core 0.
 SETTINGS = {
     # whatever the environment and the plugin give (the plugin sets
-    # VLLM_CPU_NUM_OF_RESERVED_CPU=0 on machines of at most 2 usable CPUs).
+    # VLLM_CPU_NUM_OF_RESERVED_CPU=0 and GOMP_SPINCOUNT=10000 on machines of at most
+    # 2 usable CPUs).
     "default": {},
+    # the plugin's default with libgomp's own spin (what the default was before).
+    "libgomp-spin": {"GOMP_SPINCOUNT": "300000"},
     # vLLM's own default: one core kept for the engine core.
     "vllm-default": {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"},
     # auto binding without the reserved core: the worker's OpenMP threads on every
@@ -87,6 +90,8 @@ SETTINGS = {
     # any other process for a core.  PASSIVE: sleep at once; a short spin between.
     "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
     "spin-10k": {"GOMP_SPINCOUNT": "10000"},
+    "spin-30k": {"GOMP_SPINCOUNT": "30000"},
+    "spin-100k": {"GOMP_SPINCOUNT": "100000"},
 }
 
 NUM_REQUESTS = 32

@@ -12,6 +12,7 @@ from vllm.engine.arg_utils import EngineArgs
 import vllm_dllm
 from vllm_dllm import compat
 from vllm_dllm.compat import DEFAULT_BLOCK_SIZE, RESERVED_CPU_ENV, V2_RUNNER_ENV, check_vllm_version
+from vllm_dllm.openmp_spin import SMALL_MACHINE_SPIN, SPIN_ENV, WAIT_POLICY_ENV
 from vllm_dllm.server_config import CPU_WORKER_CLS, RESOLVED_KEY, SCHEDULER_CLS, VALIDATOR_CLS
 
 
@@ -91,9 +92,15 @@ def test_a_small_machine_serves_with_every_core(tiny_dirs, monkeypatch, cpus):
     vllm_dllm.register()
     monkeypatch.setenv(RESERVED_CPU_ENV, "unset")  # records the variable's state, restored after
     monkeypatch.delenv(RESERVED_CPU_ENV)
+    monkeypatch.setenv(SPIN_ENV, "unset")
+    monkeypatch.delenv(SPIN_ENV)
+    monkeypatch.delenv(WAIT_POLICY_ENV, raising=False)
     monkeypatch.setattr(compat.os, "sched_getaffinity", lambda pid: set(range(cpus)))
     engine_config(tiny_dirs("llada"))
-    assert os.environ.get(RESERVED_CPU_ENV) == ("0" if cpus <= compat.SMALL_MACHINE_CPUS else None)
+    small = cpus <= compat.SMALL_MACHINE_CPUS
+    assert os.environ.get(RESERVED_CPU_ENV) == ("0" if small else None)
+    # Idle OpenMP threads leave the engine core its core between steps (openmp_spin.py).
+    assert os.environ.get(SPIN_ENV) == (str(SMALL_MACHINE_SPIN) if small else None)
 
 
 def test_a_quantized_kv_cache_is_refused_at_startup(tiny_dirs):
@@ -142,6 +149,8 @@ def test_other_models_keep_vllms_cpu_reservation(tmp_path, monkeypatch):
     vllm_dllm.register()
     monkeypatch.setenv(RESERVED_CPU_ENV, "unset")  # records the variable's state, restored after
     monkeypatch.delenv(RESERVED_CPU_ENV)
+    monkeypatch.setenv(SPIN_ENV, "unset")
+    monkeypatch.delenv(SPIN_ENV)
     monkeypatch.setattr(compat.os, "sched_getaffinity", lambda pid: {0})
     (tmp_path / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
@@ -150,6 +159,7 @@ def test_other_models_keep_vllms_cpu_reservation(tmp_path, monkeypatch):
     }))
     engine_config(tmp_path, skip_tokenizer_init=True)
     assert RESERVED_CPU_ENV not in os.environ
+    assert SPIN_ENV not in os.environ
 
 
 def test_diffusion_metrics_only_for_our_architectures(tmp_path, tiny_dirs):

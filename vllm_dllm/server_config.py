@@ -23,6 +23,7 @@ from vllm_dllm.compat import (
 )
 from vllm_dllm.configs.llada_moe import LLADA_MOE_ARCHITECTURES
 from vllm_dllm.models import cpu_rms_norm
+from vllm_dllm.openmp_spin import SMALL_MACHINE_SPIN, SPIN_ENV, shorten_spin_on_small_machine
 from vllm_dllm.options import (
     ARCHITECTURE_KINDS,
     DREAM_FILTER_KEYS,
@@ -185,6 +186,12 @@ class DiffusionConfigHook:
                 "%d usable CPUs: giving vLLM's CPU worker all of them (%s=0; set it to "
                 "keep vLLM's default of one core reserved for the engine core).",
                 len(os.sched_getaffinity(0)), RESERVED_CPU_ENV,
+            )
+        if device == "cpu" and shorten_spin_on_small_machine():
+            logger.info(
+                "%d usable CPUs: idle OpenMP threads spin %d times before they sleep (%s; set it, or "
+                "OMP_WAIT_POLICY, to choose your own), leaving the engine core a core between steps.",
+                len(os.sched_getaffinity(0)), SMALL_MACHINE_SPIN, SPIN_ENV,
             )
         scheduler = vllm_config.scheduler_config
         if scheduler.scheduler_cls in (None, "vllm.v1.core.sched.scheduler.Scheduler"):
