@@ -12,7 +12,7 @@ the next step.  The spin should outlast the gaps between a forward's parallel re
 (tens of microseconds of Python) and end well inside the gap between steps (about a
 millisecond).  Measured on a 2-core AMD EPYC, against libgomp's 300,000 in the same
 invocation (benchmarks/engine_overhead.py, benchmarks/results/engine-overhead/spin/):
-with 10,000 spins one request at a time ran 1.37-1.41x (the time between steps fell
+with 10,000 spins one request at a time ran 1.22-1.41x (the time between steps fell
 from 2.1-2.9 to 0.8-1.0 ms), 32 concurrent 1.05-1.08x, and beside a busy neighbour
 1.05-1.2x.  The variable is read when libgomp loads, so it is set in the serving
 process's environment before vLLM spawns the engine core and its worker, which
