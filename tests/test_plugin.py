@@ -110,6 +110,17 @@ def test_a_quantized_kv_cache_is_refused_at_startup(tiny_dirs):
     engine_config(tiny_dirs("llada"), kv_cache_dtype="auto")
 
 
+@pytest.mark.parametrize("arch", ["llada", "dream", "llada2"])
+def test_async_scheduling_asked_for_is_refused_and_off_otherwise(tiny_dirs, arch):
+    vllm_dllm.register()
+    with pytest.raises(ValueError, match="does not support --async-scheduling: the scheduler prices each denoising"):
+        engine_config(tiny_dirs(arch), async_scheduling=True)
+    for asked in (None, False):
+        config = engine_config(tiny_dirs(arch), async_scheduling=asked)
+        assert config.scheduler_config.async_scheduling is False
+        assert config.scheduler_config.scheduler_cls == SCHEDULER_CLS
+
+
 def test_a_chosen_block_size_is_kept(tiny_dirs):
     vllm_dllm.register()
     config = engine_config(tiny_dirs("llada"), block_size=64)

@@ -47,6 +47,13 @@ DEFAULT_GEN_LENGTH = 128  # the LLaDA reference's default gen_length (see fronte
 
 VALIDATOR_CLS = "vllm_dllm.validation:DiffusionParamsValidator"
 
+ASYNC_SCHEDULING_REFUSAL = (
+    "vllm-dllm does not support --async-scheduling: the scheduler prices each denoising step "
+    "(a Refresh or a Reuse, and its query tokens) from where the previous step left the request "
+    "(its block and step in block), so it cannot plan a step before the one running has ended; "
+    "drop the flag (these models serve with async scheduling off)"
+)
+
 # Families whose attention is block-causal (phases.py): the K/V of a prompt's whole
 # blocks depend on those blocks alone, so vLLM may chunk their prefill and cache them.
 BLOCK_CAUSAL_KINDS = (LLADA2,)
@@ -168,6 +175,10 @@ class DiffusionConfigHook:
                 "vllm-dllm does not support data parallelism for MoE models (LLaDA2, LLaDA-MoE) yet: "
                 "use --tensor-parallel-size (with --enable-expert-parallel to split the experts)"
             )
+        if vllm_config.scheduler_config.async_scheduling:
+            # Explicitly asked for (vLLM's own default is resolved after this hook):
+            # refused as vLLM refuses an async scheduling it cannot honour.
+            raise ValueError(ASYNC_SCHEDULING_REFUSAL)
         if parallel.worker_cls == "auto":
             parallel.worker_cls = _worker_cls(vllm_config)
         # Our runner is V1-shaped on every device and vLLM version; the block-size
