@@ -211,6 +211,20 @@ class TimingExtension:
             cpu_self=_cpu_seconds(), cpu_parent=_cpu_seconds(os.getppid()),
         )
 
+    def dllm_bench_profile_start(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        self._dllm_profile = profile(activities=[ProfilerActivity.CPU])
+        self._dllm_profile.__enter__()
+
+    def dllm_bench_profile_stop(self, top: int) -> list[dict]:
+        """The worker's torch ops while the profiler ran, the costliest first by self
+        CPU time (the profiler's own overhead included)."""
+        profiler = self._dllm_profile
+        profiler.__exit__(None, None, None)
+        events = sorted(profiler.key_averages(), key=lambda e: -e.self_cpu_time_total)
+        return [{"op": e.key, "self_ms": e.self_cpu_time_total / 1000, "calls": e.count} for e in events[:top]]
+
     def dllm_bench_stats(self) -> dict:
         import torch
 
@@ -378,6 +392,12 @@ def run_child(args: argparse.Namespace) -> dict:
 
     warmup = once()
     runs = [once() for _ in range(args.repeats)]
+    op_profile = None
+    if args.profile_ops:
+        llm.collective_rpc("dllm_bench_profile_start")
+        profiled = once()
+        ops = llm.collective_rpc("dllm_bench_profile_stop", args=(args.profile_ops,))[0]
+        op_profile = {"steps": profiled["steps"], "wall_s": profiled["wall_s"], "ops": ops}
     return {
         "setting": args.child,
         "env": SETTINGS[args.child],
@@ -393,6 +413,7 @@ def run_child(args: argparse.Namespace) -> dict:
                      "max_num_batched_tokens": max_batched, "max_num_seqs": max(args.num_requests, 32)},
         "warmup_wall_s": [warmup["wall_s"]],
         "repeats": runs,
+        "op_profile": op_profile,
     }
 
 
@@ -474,7 +495,29 @@ def table(label: str, results: list[dict]) -> str:
             " / ".join(_fmt(r.get(k), "{:.2f}") for k in ("worker_cpu_s", "engine_core_cpu_s", "frontend_cpu_s",
                                                          "other_processes_cpu_s")),
         ]) + " |")
+    for r in results:
+        lines += op_profile_table(r["setting"], r.get("op_profile"))
     return "\n".join(lines)
+
+
+def op_profile_table(setting: str, profile: dict | None) -> list[str]:
+    """The worker's costliest torch ops per engine step (--profile-ops), from the
+    setting's first process."""
+    if not profile or not profile["steps"]:
+        return []
+    steps = profile["steps"]
+    lines = [
+        "",
+        f"Worker ops of `{setting}` under torch.profiler: one extra generate, {steps} engine steps, "
+        f"{profile['wall_s'] * 1000 / steps:.2f} ms/step with the profiler on (it adds host time to every op).",
+        "",
+        "| op | self ms/step | calls/step | us/call |",
+        "|---|---|---|---|",
+    ]
+    for op in profile["ops"]:
+        lines.append(f"| `{op['op']}` | {op['self_ms'] / steps:.3f} | {op['calls'] / steps:.1f} "
+                     f"| {op['self_ms'] * 1000 / max(op['calls'], 1):.1f} |")
+    return lines
 
 
 def run_setting(args: argparse.Namespace, name: str, round_: int, failures: dict) -> dict | None:
@@ -490,7 +533,8 @@ def run_setting(args: argparse.Namespace, name: str, round_: int, failures: dict
         cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--child", name,
                "--child-out", str(child_out), "--repeats", str(args.repeats),
                "--num-requests", str(args.num_requests), "--seed", str(args.seed),
-               "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--dtype", args.dtype]
+               "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--dtype", args.dtype,
+               "--profile-ops", str(args.profile_ops)]
         if args.model:
             cmd += ["--model", args.model]
         print(f"[{tag}] {' '.join(f'{k}={v}' for k, v in SETTINGS[name].items())} {' '.join(cmd)}",
@@ -548,6 +592,9 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="default: the shipped task model")
     parser.add_argument("--dtype", default="float32",
                         help="model dtype (vLLM's --dtype); 'auto' is the checkpoint's (bfloat16 for the shipped model)")
+    parser.add_argument("--profile-ops", type=int, default=0, metavar="N",
+                        help="after the measured generates, one more under torch.profiler in the worker; "
+                             "the table lists its N costliest ops per engine step (not in the timings)")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per setting")
     parser.add_argument("--child", choices=sorted(SETTINGS), help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=pathlib.Path, help=argparse.SUPPRESS)
