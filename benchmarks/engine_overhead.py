@@ -35,6 +35,10 @@ worker's clock (time.perf_counter = CLOCK_MONOTONIC) is the front end's.  CPU ti
 each process and of everything else on the machine during the generate is recorded
 too, since the machine is shared.
 
+With --profile-ops N, each process runs one more generate with torch.profiler on in the
+worker and reports its N costliest torch ops per engine step (self CPU time, calls); the
+profiled generate is not among the timed ones.
+
 Each CPU thread setting (SETTINGS) runs in a fresh process, since vLLM reads its
 environment at start; --rounds goes through the settings several times, interleaved,
 so a burst of outside load does not land on one setting only.  Each process does one
