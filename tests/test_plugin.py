@@ -121,6 +121,17 @@ def test_async_scheduling_asked_for_is_refused_and_off_otherwise(tiny_dirs, arch
         assert config.scheduler_config.scheduler_cls == SCHEDULER_CLS
 
 
+@pytest.mark.parametrize("flag, message", [
+    (dict(enable_lora=True), r"does not support LoRA adapters yet \(--enable-lora\)"),
+    (dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}),
+     r"does not support speculative decoding \(--speculative-config\)"),
+])
+def test_features_the_engine_would_ignore_are_refused_at_startup(tiny_dirs, flag, message):
+    vllm_dllm.register()
+    with pytest.raises(ValueError, match=message):
+        engine_config(tiny_dirs("llada"), **flag)
+
+
 def test_a_chosen_block_size_is_kept(tiny_dirs):
     vllm_dllm.register()
     config = engine_config(tiny_dirs("llada"), block_size=64)

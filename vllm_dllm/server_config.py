@@ -175,10 +175,7 @@ class DiffusionConfigHook:
                 "vllm-dllm does not support data parallelism for MoE models (LLaDA2, LLaDA-MoE) yet: "
                 "use --tensor-parallel-size (with --enable-expert-parallel to split the experts)"
             )
-        if vllm_config.scheduler_config.async_scheduling:
-            # Explicitly asked for (vLLM's own default is resolved after this hook):
-            # refused as vLLM refuses an async scheduling it cannot honour.
-            raise ValueError(ASYNC_SCHEDULING_REFUSAL)
+        _refuse_unsupported_features(vllm_config)
         if parallel.worker_cls == "auto":
             parallel.worker_cls = _worker_cls(vllm_config)
         # Our runner is V1-shaped on every device and vLLM version; the block-size
@@ -225,6 +222,27 @@ class DiffusionConfigHook:
         processors = list(model_config.logits_processors or [])
         if VALIDATOR_CLS not in processors:
             model_config.logits_processors = [VALIDATOR_CLS, *processors]
+
+
+def _refuse_unsupported_features(vllm_config) -> None:
+    """vLLM features a user may ask for that our engine would otherwise ignore or fail
+    on obscurely: refused at start-up, naming the flag."""
+    if vllm_config.scheduler_config.async_scheduling:
+        # Explicitly asked for (vLLM's own default is resolved after this hook):
+        # refused as vLLM refuses an async scheduling it cannot honour.
+        raise ValueError(ASYNC_SCHEDULING_REFUSAL)
+    if vllm_config.lora_config is not None:
+        # The runner applies no adapter: a LoRA request would be served by the base model.
+        raise ValueError(
+            "vllm-dllm does not support LoRA adapters yet (--enable-lora): a request naming an "
+            "adapter would be answered by the base model; serve a merged checkpoint instead"
+        )
+    if vllm_config.speculative_config is not None:
+        raise ValueError(
+            "vllm-dllm does not support speculative decoding (--speculative-config): a denoising "
+            "step already commits several canvas positions at once (see the parallel decoding "
+            "rules); drop the flag"
+        )
 
 
 def _sparse_refusal(vllm_config) -> str | None:
