@@ -123,6 +123,7 @@ def test_async_scheduling_asked_for_is_refused_and_off_otherwise(tiny_dirs, arch
 
 @pytest.mark.parametrize("flag, message", [
     (dict(enable_lora=True), r"does not support LoRA adapters yet \(--enable-lora\)"),
+    (dict(enable_prompt_embeds=True), r"does not support prompt embeddings \(--enable-prompt-embeds\)"),
     (dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}),
      r"does not support speculative decoding \(--speculative-config\)"),
 ])

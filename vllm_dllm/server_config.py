@@ -237,6 +237,12 @@ def _refuse_unsupported_features(vllm_config) -> None:
             "vllm-dllm does not support LoRA adapters yet (--enable-lora): a request naming an "
             "adapter would be answered by the base model; serve a merged checkpoint instead"
         )
+    if vllm_config.model_config.enable_prompt_embeds:
+        # A request carrying embeddings has no prompt token ids, which every Refresh re-reads.
+        raise ValueError(
+            "vllm-dllm does not support prompt embeddings (--enable-prompt-embeds): each Refresh "
+            "step re-reads the prompt's token ids; send token ids or text"
+        )
     if vllm_config.speculative_config is not None:
         raise ValueError(
             "vllm-dllm does not support speculative decoding (--speculative-config): a denoising "

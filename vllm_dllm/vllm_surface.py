@@ -377,7 +377,7 @@ MEMBERS: tuple[Members, ...] = (
         "vllm.config.vllm",
         "VllmConfig",
         ("model_config", "cache_config", "parallel_config", "scheduler_config", "additional_config",
-         "quant_config", "use_v2_model_runner", "compilation_config"),
+         "quant_config", "use_v2_model_runner", "compilation_config", "lora_config", "speculative_config"),
     ),
     Members(
         "vllm.config.model",
@@ -385,7 +385,7 @@ MEMBERS: tuple[Members, ...] = (
         ("hf_config", "model", "revision", "seed", "max_model_len", "served_model_name",
          "override_generation_config", "logits_processors", "tokenizer", "tokenizer_revision",
          "trust_remote_code", "get_diff_sampling_param", "max_logprobs", "logprobs_mode",
-         "get_total_num_kv_heads", "head_dtype"),
+         "get_total_num_kv_heads", "head_dtype", "enable_prompt_embeds"),
     ),
     Members(f"{LAYERS}.rotary_embedding.base", "RotaryEmbedding", ("rotary_dim", "forward_native"),
             "models/rope.py: the native rotation where the CPU kernel cannot take the width"),
