@@ -243,6 +243,11 @@ def _refuse_unsupported_features(vllm_config) -> None:
             "vllm-dllm does not support prompt embeddings (--enable-prompt-embeds): each Refresh "
             "step re-reads the prompt's token ids; send token ids or text"
         )
+    if vllm_config.kv_transfer_config is not None:
+        raise ValueError(
+            "vllm-dllm does not support KV transfer (--kv-transfer-config): the diffusion runner "
+            "never calls a KV connector, so nothing would be sent or received; serve without it"
+        )
     if vllm_config.speculative_config is not None:
         raise ValueError(
             "vllm-dllm does not support speculative decoding (--speculative-config): a denoising "

@@ -377,7 +377,8 @@ MEMBERS: tuple[Members, ...] = (
         "vllm.config.vllm",
         "VllmConfig",
         ("model_config", "cache_config", "parallel_config", "scheduler_config", "additional_config",
-         "quant_config", "use_v2_model_runner", "compilation_config", "lora_config", "speculative_config"),
+         "quant_config", "use_v2_model_runner", "compilation_config", "lora_config", "speculative_config",
+         "kv_transfer_config"),
     ),
     Members(
         "vllm.config.model",
