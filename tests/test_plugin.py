@@ -124,6 +124,8 @@ def test_async_scheduling_asked_for_is_refused_and_off_otherwise(tiny_dirs, arch
 @pytest.mark.parametrize("flag, message", [
     (dict(enable_lora=True), r"does not support LoRA adapters yet \(--enable-lora\)"),
     (dict(enable_prompt_embeds=True), r"does not support prompt embeddings \(--enable-prompt-embeds\)"),
+    (dict(logits_processors=["my_package.processors:NoRepeats"]),
+     r"does not apply custom logits processors \(--logits-processors my_package.processors:NoRepeats\)"),
     (dict(kv_transfer_config={"kv_connector": "ExampleConnector", "kv_role": "kv_both"}),
      r"does not support KV transfer \(--kv-transfer-config\)"),
     (dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}),

@@ -219,9 +219,7 @@ class DiffusionConfigHook:
                 model_config.max_model_len,
             )
             scheduler.max_num_batched_tokens = model_config.max_model_len
-        processors = list(model_config.logits_processors or [])
-        if VALIDATOR_CLS not in processors:
-            model_config.logits_processors = [VALIDATOR_CLS, *processors]
+        model_config.logits_processors = [VALIDATOR_CLS]
 
 
 def _refuse_unsupported_features(vllm_config) -> None:
@@ -242,6 +240,16 @@ def _refuse_unsupported_features(vllm_config) -> None:
         raise ValueError(
             "vllm-dllm does not support prompt embeddings (--enable-prompt-embeds): each Refresh "
             "step re-reads the prompt's token ids; send token ids or text"
+        )
+    custom = [p for p in vllm_config.model_config.logits_processors or () if p != VALIDATOR_CLS]
+    if custom:
+        # Our runner applies no logits processor: vLLM would run their validation and
+        # never their `apply`.
+        names = ", ".join(p if isinstance(p, str) else f"{p.__module__}.{p.__qualname__}" for p in custom)
+        raise ValueError(
+            f"vllm-dllm does not apply custom logits processors (--logits-processors {names}): a "
+            "denoising step scores every masked canvas position at once, not one next token; for "
+            "constrained output use structured outputs"
         )
     if vllm_config.kv_transfer_config is not None:
         raise ValueError(
