@@ -479,3 +479,38 @@ def test_logprob_steps_cost_the_same_ops_for_any_number_of_requests():
             counts[requests] = steps
         assert counts[1] == counts[4] == counts[16], (kind, counts)
         assert any(copied for _, _, copied in counts[1]), kind  # some measured steps copied logprob rows
+
+
+def test_prompt_logprobs_of_a_one_token_prompt_leave_the_engine(llada):
+    """A one-token prompt has no position to score: its prompt logprobs are [None]
+    (vLLM's answer), and the engine core must still send them to the front end.  Its
+    empty arrays once carried a zero stride that vLLM's serialiser cannot view as bytes:
+    the engine core's output thread died and every request hung.  Last in this module,
+    with a deadline, so a regression fails here instead of hanging the rest."""
+    import threading
+
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    from vllm_dllm.worker.runner import prompt_logprobs_tensors
+
+    empty = (np.zeros((0, 3), np.int64), np.zeros((0, 3), np.float32), np.zeros(0, np.int64))
+    for tensor, array in zip(prompt_logprobs_tensors(empty), empty):
+        back = MsgpackDecoder(torch.Tensor).decode(MsgpackEncoder().encode(tensor))
+        assert back.shape == array.shape and back.dtype == torch.from_numpy(array).dtype
+    rows = (np.arange(6).reshape(2, 3), np.ones((2, 3), np.float32), np.array([1, 2]))
+    for tensor, array in zip(prompt_logprobs_tensors(rows), rows):
+        assert np.array_equal(tensor.numpy(), array)
+
+    _, llm = llada
+    params = SamplingParams(max_tokens=4, temperature=0.0, prompt_logprobs=2, extra_args={"steps": 4})
+    answer: dict = {}
+    worker = threading.Thread(
+        target=lambda: answer.update(outs=llm.generate([{"prompt_token_ids": [7]}], params, use_tqdm=False)),
+        daemon=True,
+    )
+    worker.start()
+    worker.join(timeout=300)
+    assert "outs" in answer, "no answer in 300 s to a one-token prompt asking for prompt logprobs"
+    out = answer["outs"][0]
+    assert out.prompt_logprobs == [None]
+    assert len(out.outputs[0].token_ids) == 4

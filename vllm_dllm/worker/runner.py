@@ -42,6 +42,16 @@ def unseeded_seed(req_id: str, engine_seed: int | None) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
+def prompt_logprobs_tensors(arrays) -> LogprobsTensors:
+    """vLLM's tensors for one request's prompt logprobs (ids, logprobs, ranks).  An
+    empty numpy array may carry a zero stride, which vLLM's serialiser cannot view as
+    bytes (the engine core's output thread died on a one-token prompt): empties are
+    made afresh."""
+    return LogprobsTensors(*(
+        torch.from_numpy(a) if a.size else torch.empty(a.shape, dtype=torch.from_numpy(a).dtype) for a in arrays
+    ))
+
+
 def _device_memory_allocated(device: torch.device) -> int:
     return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
 
@@ -240,8 +250,7 @@ class DiffusionModelRunner:
             sampled_token_ids=result.new_tokens,
             logprobs=logprobs,
             prompt_logprobs_dict={
-                req_id: LogprobsTensors(*(torch.from_numpy(a) for a in arrays))
-                for req_id, arrays in result.prompt_logprobs.items()
+                req_id: prompt_logprobs_tensors(arrays) for req_id, arrays in result.prompt_logprobs.items()
             },
             logits_rows=result.logits_rows,
             progress=result.progress,
