@@ -16,8 +16,8 @@ The tree measured is whichever `vllm_dllm` Python imports (PYTHONPATH first): th
 script only uses vLLM's public surface, `vllm_dllm.default_model.PATH` and
 `vllm_dllm.tasks`, and records `vllm_dllm.__file__` as the worker process sees it.
 
-Timers live in the worker process, through vLLM's `worker_extension_cls` (a mixin
-this file defines; no vLLM or plugin code is changed), so the default multiprocess
+Timers live in the worker process, through vLLM's `worker_extension_cls` (the mixin
+in worker_timing.py; no vLLM or plugin code is changed), so the default multiprocess
 engine (front end, engine core, worker) is measured as shipped.  They wrap, on the
 instances, the runner's `execute_model`, the model's `forward` (the runner's
 `self.model(...)`) and its `compute_logits`.  Per engine step (one `execute_model`
@@ -56,6 +56,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from engine_overhead_report import table
+from worker_timing import cpus_allowed, machine_busy_seconds
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -101,149 +104,6 @@ SETTINGS = {
 NUM_REQUESTS = 32
 CANVAS = 32
 XARGS = {"steps": 32, "block_length": 8, "cache": "dual"}
-
-
-# ---- worker side ------------------------------------------------------------
-
-
-def _cpus_allowed(pid: int | str = "self") -> str:
-    try:
-        for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("Cpus_allowed_list:"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "?"
-
-
-def _thread_affinities(pid: int | str = "self") -> dict[str, int]:
-    """Cpus_allowed_list of every thread of a process -> how many threads."""
-    out: dict[str, int] = {}
-    task_dir = pathlib.Path(f"/proc/{pid}/task")
-    for task in task_dir.iterdir() if task_dir.exists() else []:
-        allowed = _cpus_allowed(f"{pid}/task/{task.name}")
-        out[allowed] = out.get(allowed, 0) + 1
-    return out
-
-
-def _cpu_seconds(pid: int | str = "self") -> float | None:
-    """utime + stime of a process (all its threads), from /proc."""
-    try:
-        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _machine_busy_seconds() -> float | None:
-    """CPU seconds the whole machine has spent not idle, from /proc/stat."""
-    try:
-        fields = [int(x) for x in pathlib.Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-class TimingExtension:
-    """Mixed into vLLM's worker class (`worker_extension_cls`); called through
-    `LLM.collective_rpc("dllm_bench_*")`.  Times are time.perf_counter, which is
-    CLOCK_MONOTONIC on Linux and so comparable with the front end's."""
-
-    def dllm_bench_install(self) -> dict:
-        import torch
-        import vllm_dllm
-
-        runner = self.model_runner
-        model = runner.get_model() if hasattr(runner, "get_model") else runner.model
-        self._dllm_bench = {}
-        self.dllm_bench_reset()
-        bench = self._dllm_bench
-        clock = time.perf_counter
-
-        def timed(obj, name, key):
-            original = getattr(obj, name)
-
-            def wrapper(*args, **kwargs):
-                start = clock()
-                out = original(*args, **kwargs)
-                bench["cur"][key + "_s"] += clock() - start
-                bench["cur"][key + "_calls"] += 1
-                if args and hasattr(args[0], "shape"):
-                    bench["cur"][key + "_rows"] += int(args[0].shape[0])
-                return out
-
-            setattr(obj, name, wrapper)
-
-        original_execute = runner.execute_model
-
-        def execute_model(scheduler_output, *args, **kwargs):
-            cur = bench["cur"] = dict(forward_s=0.0, forward_calls=0, forward_rows=0,
-                                      logits_s=0.0, logits_calls=0, logits_rows=0)
-            start = clock()
-            out = original_execute(scheduler_output, *args, **kwargs)
-            end = clock()
-            if scheduler_output.total_num_scheduled_tokens > 0:
-                cur.update(start=start, end=end,
-                           batch=len(scheduler_output.num_scheduled_tokens),
-                           tokens=scheduler_output.total_num_scheduled_tokens)
-                bench["steps"].append(cur)
-            else:
-                bench["empty_steps"] += 1
-            return out
-
-        runner.execute_model = execute_model
-        timed(model, "forward", "forward")
-        timed(model, "compute_logits", "logits")
-        env = {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "GOMP_", "KMP_", "VLLM_CPU_"))}
-        return {
-            "pid": os.getpid(),
-            "vllm_dllm_file": vllm_dllm.__file__,
-            "runner_class": f"{type(runner).__module__}.{type(runner).__qualname__}",
-            "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
-            "torch_num_threads": torch.get_num_threads(),
-            "worker_cpus_allowed": _cpus_allowed(),
-            "parent_pid": os.getppid(),
-            "parent_cpus_allowed": _cpus_allowed(os.getppid()),
-            "omp_env": env,
-            "compilation_mode": str(self.vllm_config.compilation_config.mode),
-        }
-
-    def dllm_bench_reset(self) -> None:
-        self._dllm_bench.clear()
-        self._dllm_bench.update(
-            steps=[], empty_steps=0, cur=None,
-            cpu_self=_cpu_seconds(), cpu_parent=_cpu_seconds(os.getppid()),
-        )
-
-    def dllm_bench_profile_start(self) -> None:
-        from torch.profiler import ProfilerActivity, profile
-
-        self._dllm_profile = profile(activities=[ProfilerActivity.CPU])
-        self._dllm_profile.__enter__()
-
-    def dllm_bench_profile_stop(self, top: int) -> list[dict]:
-        """The worker's torch ops while the profiler ran, the costliest first by self
-        CPU time (the profiler's own overhead included)."""
-        profiler = self._dllm_profile
-        profiler.__exit__(None, None, None)
-        events = sorted(profiler.key_averages(), key=lambda e: -e.self_cpu_time_total)
-        return [{"op": e.key, "self_ms": e.self_cpu_time_total / 1000, "calls": e.count} for e in events[:top]]
-
-    def dllm_bench_stats(self) -> dict:
-        import torch
-
-        bench = self._dllm_bench
-        cpu_self, cpu_parent = _cpu_seconds(), _cpu_seconds(os.getppid())
-        return {
-            "steps": bench["steps"],
-            "empty_steps": bench["empty_steps"],
-            "worker_cpu_s": cpu_self - bench["cpu_self"] if cpu_self is not None else None,
-            # The engine-core process when the executor is multiprocess.
-            "parent_cpu_s": cpu_parent - bench["cpu_parent"] if cpu_parent is not None else None,
-            "torch_num_threads": torch.get_num_threads(),
-            # Per-thread affinity after OpenMP has started its pool.
-            "worker_thread_affinities": _thread_affinities(),
-        }
 
 
 def summarize(wall_start: float, wall_end: float, tokens: int, stats: dict, num_requests: int,
@@ -365,7 +225,7 @@ def run_child(args: argparse.Namespace) -> dict:
         gpu_memory_utilization=0.3,
         enforce_eager=True,
         seed=0,
-        worker_extension_cls="engine_overhead.TimingExtension",
+        worker_extension_cls="worker_timing.TimingExtension",
     )
     info = llm.collective_rpc("dllm_bench_install")[0]
     params = SamplingParams(max_tokens=CANVAS, temperature=0.0, ignore_eos=True, extra_args=dict(XARGS))
@@ -373,13 +233,13 @@ def run_child(args: argparse.Namespace) -> dict:
 
     def once() -> dict:
         llm.collective_rpc("dllm_bench_reset")
-        busy0 = _machine_busy_seconds()
+        busy0 = machine_busy_seconds()
         cpu0 = time.process_time()
         start = time.perf_counter()
         outs = llm.generate(inputs, params, use_tqdm=False)
         end = time.perf_counter()
         frontend_cpu = time.process_time() - cpu0
-        busy1 = _machine_busy_seconds()
+        busy1 = machine_busy_seconds()
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
         stats = llm.collective_rpc("dllm_bench_stats")[0]
         run = summarize(start, end, tokens, stats, len(prompts), CANVAS)
@@ -407,7 +267,7 @@ def run_child(args: argparse.Namespace) -> dict:
         "env": SETTINGS[args.child],
         "tree": {"path": str(tree), "head": _git(tree, "rev-parse", "HEAD"),
                  "dirty": bool(_git(tree, "status", "--porcelain", "--untracked-files=no"))},
-        "frontend": {"pid": os.getpid(), "cpus_allowed": _cpus_allowed(),
+        "frontend": {"pid": os.getpid(), "cpus_allowed": cpus_allowed(),
                      "vllm_dllm_file": vllm_dllm.__file__},
         "worker": info,
         "worker_thread_affinities": runs[-1]["worker_thread_affinities"],
@@ -442,93 +302,11 @@ def merge(parts: list[dict]) -> dict:
 # ---- driver --------------------------------------------------------------------
 
 
-def _fmt(value, fmt: str) -> str:
-    return "-" if value is None else fmt.format(value)
-
-
-def table(label: str, results: list[dict]) -> str:
-    tree = results[0]["tree"] if results else {}
-    lines = [
-        f"### Engine overhead: `{label}`",
-        "",
-        f"Tree {tree.get('path', '?')} at {tree.get('head', '?')[:10]}{' (dirty)' if tree.get('dirty') else ''}; "
-        f"{results[0]['workload']['num_requests'] if results else '?'} requests x 32-token canvas, block 8, "
-        "32 steps, dual cache. Each row is the "
-        "median measured generate (by wall time) of that setting; ranges over all of them. "
-        "2-core CPU shared with other work: noisy (last column: CPU seconds other "
-        "processes used during that generate).",
-        "",
-        "| setting | worker threads (cpus) | steps | batch | wall s (min-max) | ms/step (min) | runner ms/step "
-        "| forward ms/step | logits ms/step | overhead | tok/s | other procs CPU s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        w = r["worker"]
-        lines.append("| " + " | ".join([
-            r["setting"],
-            f"{w['torch_num_threads']} ({', '.join(sorted(r['worker_thread_affinities']))})",
-            f"{r['steps']} ({min(r['steps_all'])}-{max(r['steps_all'])})",
-            f"{r['batch_size_min']}-{r['batch_size_max']}",
-            f"{r['wall_s']:.3f} ({min(r['wall_s_all']):.3f}-{max(r['wall_s_all']):.3f})",
-            f"{r['ms_per_step']:.2f} ({r['ms_per_step_min']:.2f})",
-            _fmt(r["runner_ms_per_step"], "{:.2f}"),
-            _fmt(r["forward_ms_per_step"], "{:.2f}"),
-            _fmt(r["logits_ms_per_step"], "{:.2f}"),
-            _fmt(r["overhead_fraction"], "{:.1%}"),
-            _fmt(r["committed_tokens_per_s"], "{:.0f}"),
-            _fmt(r.get("other_processes_cpu_s"), "{:.2f}"),
-        ]) + " |")
-    lines += [
-        "",
-        "Where the wall time went (ms, same run): head = generate() called to first step; "
-        "runner other = execute_model minus forward and logits; between steps = scheduler, "
-        "IPC and output processing; CPU s = CPU time of each process during the generate.",
-        "",
-        "| setting | head | forward | logits | runner other | between steps | tail "
-        "| Refresh step fwd ms (n) | Reuse step fwd ms (n) | CPU s worker / engine core / front end / other processes |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        b = r["breakdown_ms"]
-        ref, reu = r.get("refresh_steps"), r.get("reuse_steps")
-        lines.append("| " + " | ".join([
-            r["setting"],
-            *(_fmt(b[k], "{:.0f}") for k in ("head", "forward", "logits", "runner_other", "between_steps", "tail")),
-            f"{ref['forward_ms']:.1f} ({ref['steps']})" if ref else "-",
-            f"{reu['forward_ms']:.1f} ({reu['steps']})" if reu else "-",
-            " / ".join(_fmt(r.get(k), "{:.2f}") for k in ("worker_cpu_s", "engine_core_cpu_s", "frontend_cpu_s",
-                                                         "other_processes_cpu_s")),
-        ]) + " |")
-    for r in results:
-        lines += op_profile_table(r["setting"], r.get("op_profile"))
-    return "\n".join(lines)
-
-
-def op_profile_table(setting: str, profile: dict | None) -> list[str]:
-    """The worker's costliest torch ops per engine step (--profile-ops), from the
-    setting's first process."""
-    if not profile or not profile["steps"]:
-        return []
-    steps = profile["steps"]
-    lines = [
-        "",
-        f"Worker ops of `{setting}` under torch.profiler: one extra generate, {steps} engine steps, "
-        f"{profile['wall_s'] * 1000 / steps:.2f} ms/step with the profiler on (it adds host time to every op).",
-        "",
-        "| op | self ms/step | calls/step | us/call |",
-        "|---|---|---|---|",
-    ]
-    for op in profile["ops"]:
-        lines.append(f"| `{op['op']}` | {op['self_ms'] / steps:.3f} | {op['calls'] / steps:.1f} "
-                     f"| {op['self_ms'] * 1000 / max(op['calls'], 1):.1f} |")
-    return lines
-
-
 def run_setting(args: argparse.Namespace, name: str, round_: int, failures: dict) -> dict | None:
     """One setting in a fresh process; its result, or None (recorded in failures)."""
     env = dict(os.environ)
     env.update(SETTINGS[name])
-    # The worker imports this file's TimingExtension as `engine_overhead`; the
+    # The worker imports its timers from this directory (worker_timing.py); the
     # tree under test stays first on the path.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), str(HERE)) if p)
     tag = f"{name}.{round_}" if args.rounds > 1 else name
