@@ -4,6 +4,7 @@ nothing for any other model."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import pytest
@@ -135,6 +136,24 @@ def test_features_the_engine_would_ignore_are_refused_at_startup(tiny_dirs, flag
     vllm_dllm.register()
     with pytest.raises(ValueError, match=message):
         engine_config(tiny_dirs("llada"), **flag)
+
+
+def test_installed_logits_processor_plugins_are_named_as_unapplied(tiny_dirs, tmp_path, monkeypatch, caplog):
+    vllm_dllm.register()
+    with caplog.at_level(logging.WARNING, logger="vllm_dllm.server_config"):
+        engine_config(tiny_dirs("llada"))
+    assert "applies no logits processors" not in caplog.text
+    # An installed distribution declaring a logits-processor plugin, as pip leaves it.
+    info = tmp_path / "no_repeats-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: no-repeats\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[vllm.logits_processors]\nno_repeats = no_repeats.procs:NoRepeats\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vllm_dllm.server_config"):
+        engine_config(tiny_dirs("llada"))
+    assert ("applies no logits processors: the installed plugins no_repeats = no_repeats.procs:NoRepeats "
+            "(entry-point group vllm.logits_processors) will not change any output") in caplog.text
 
 
 def test_a_chosen_block_size_is_kept(tiny_dirs):

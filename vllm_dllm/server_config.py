@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from importlib.metadata import entry_points
 from typing import Any
 
 from vllm.logger import init_logger
@@ -46,6 +47,7 @@ GPU_WORKER_CLS = "vllm_dllm.worker.gpu_worker.DiffusionGPUWorker"
 DEFAULT_GEN_LENGTH = 128  # the LLaDA reference's default gen_length (see frontend.py)
 
 VALIDATOR_CLS = "vllm_dllm.validation:DiffusionParamsValidator"
+LOGITS_PROCESSOR_PLUGIN_GROUP = "vllm.logits_processors"  # vLLM's LOGITSPROCS_GROUP
 
 ASYNC_SCHEDULING_REFUSAL = (
     "vllm-dllm does not support --async-scheduling: the scheduler prices each denoising step "
@@ -176,6 +178,7 @@ class DiffusionConfigHook:
                 "use --tensor-parallel-size (with --enable-expert-parallel to split the experts)"
             )
         _refuse_unsupported_features(vllm_config)
+        _warn_of_unapplied_logits_processor_plugins()
         if parallel.worker_cls == "auto":
             parallel.worker_cls = _worker_cls(vllm_config)
         # Our runner is V1-shaped on every device and vLLM version; the block-size
@@ -261,6 +264,22 @@ def _refuse_unsupported_features(vllm_config) -> None:
             "vllm-dllm does not support speculative decoding (--speculative-config): a denoising "
             "step already commits several canvas positions at once (see the parallel decoding "
             "rules); drop the flag"
+        )
+
+
+def _warn_of_unapplied_logits_processor_plugins() -> None:
+    """vLLM's stock runner applies every installed `vllm.logits_processors` entry point
+    to every request; ours applies none.  vLLM skips them for pooling models the same
+    way, at debug level: here the user hears it once, at start-up, by name.  A request
+    that asks such a plugin for something through `vllm_xargs` is refused by the
+    options check (an unknown diffusion option)."""
+    plugins = entry_points(group=LOGITS_PROCESSOR_PLUGIN_GROUP)
+    if plugins:
+        logger.warning(
+            "vllm-dllm applies no logits processors: the installed plugins %s (entry-point group %s) "
+            "will not change any output of this server",
+            ", ".join(f"{p.name} = {p.value}" for p in sorted(plugins, key=lambda p: p.name)),
+            LOGITS_PROCESSOR_PLUGIN_GROUP,
         )
 
 

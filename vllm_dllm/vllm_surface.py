@@ -454,6 +454,8 @@ LITERALS: tuple[Literal, ...] = (
             "pyproject entry point dllm = vllm_dllm.metrics:DiffusionStatLogger"),
     Literal("vllm.plugins", "vllm.endpoint_plugins",
             "pyproject entry point dllm = vllm_dllm.frontend:DiffusionEndpoints"),
+    Literal("vllm.v1.sample.logits_processor", "vllm.logits_processors",
+            "server_config warns that installed logits-processor plugins are not applied"),
     Literal("vllm.envs", "VLLM_USE_V2_MODEL_RUNNER", "server_config keeps the V2 runner off"),
     Literal("vllm.envs", "VLLM_CPU_NUM_OF_RESERVED_CPU",
             "server_config gives the CPU worker every core of a small machine"),
