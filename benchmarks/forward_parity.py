@@ -55,8 +55,9 @@ def main(argv=None) -> int:
     result = measure(args)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-    (args.out / "table.md").write_text(table(result))
-    print(table(result))
+    text = table(result)
+    (args.out / "table.md").write_text(text)
+    print(text)
     return 0
 
 
@@ -111,7 +112,8 @@ def measure(args) -> dict:
         plugin_runs += [plugin_once() for _ in range(args.per_round)]
         plain_runs += [plain_once() for _ in range(args.per_round)]
     return {
-        "workload": {"num_requests": len(prompts), "plain_batch": batch, "plain_order": args.order, "prompt_tokens": [len(p) for p in prompts],
+        "workload": {"num_requests": len(prompts), "plain_batch": batch, "plain_order": args.order,
+                     "prompt_tokens": [len(p) for p in prompts],
                      "tasks": {t: tasks.count(t) for t in sorted(set(tasks))}, "canvas": eo.CANVAS,
                      "xargs": eo.XARGS, "dtype": args.dtype, "rounds": args.rounds, "per_round": args.per_round},
         "torch_threads": torch.get_num_threads(),

@@ -270,7 +270,7 @@ def _refuse_unsupported_features(vllm_config) -> None:
 def _warn_of_unapplied_logits_processor_plugins() -> None:
     """vLLM's stock runner applies every installed `vllm.logits_processors` entry point
     to every request; ours applies none.  vLLM skips them for pooling models the same
-    way, at debug level: here the user hears it once, at start-up, by name.  A request
+    way, at debug level: here the user hears it at start-up, by name.  A request
     that asks such a plugin for something through `vllm_xargs` is refused by the
     options check (an unknown diffusion option)."""
     plugins = entry_points(group=LOGITS_PROCESSOR_PLUGIN_GROUP)
