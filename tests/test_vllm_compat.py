@@ -1,5 +1,6 @@
-"""Behaviour that differs between vLLM 0.32 and 0.33, handled in compat.py and
-scheduler/accounting.py: our side of each difference, under both versions' rules."""
+"""Behaviour that differs between the supported vLLM releases (0.32, 0.33, 0.34),
+handled in compat.py and scheduler/accounting.py: our side of each difference, under
+each release's rules."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ class VllmScheduler:
         kept = {}
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests[req_id]
-            new = list(model_runner_output.sampled_token_ids[model_runner_output.req_id_to_index[req_id]])
+            new = list(model_runner_output.sampled_token_ids[model_runner_output.req_ids.index(req_id)])
             for count, token in enumerate(new, 1):
                 request.output.append(token)
                 if token == EOS or len(request.output) >= request.max_tokens:
@@ -70,7 +71,7 @@ def step(scheduler, tokens: dict[str, list[int]]):
     order = list(tokens)
     return scheduler.update_from_output(
         SimpleNamespace(num_scheduled_tokens={r: 8 for r in order}),
-        SimpleNamespace(req_id_to_index={r: i for i, r in enumerate(order)},
+        SimpleNamespace(req_ids=order,
                         sampled_token_ids=[tokens[r] for r in order]),
     )
 
@@ -127,7 +128,7 @@ def test_computed_before_update():
     assert computed_before_update(10, 4) == 13
 
 
-@pytest.mark.parametrize("found, trims", [("0.32.0", False), ("0.32.1+cpu", False), ("0.33.0", True), ("0.33.2", True)])
+@pytest.mark.parametrize("found, trims", [("0.32.0", False), ("0.32.1+cpu", False), ("0.33.0", True), ("0.33.2", True), ("0.34.0", True)])
 def test_stop_trim_version_check(found, trims):
     assert compat.stop_trims_computed_tokens(found) is trims
 
@@ -251,3 +252,92 @@ def test_on_cuda_the_hook_turns_unset_modes_off_before_vllm_resolves_them(tiny_d
     assert config.compilation_config.mode == CompilationMode.NONE
     assert config.compilation_config.cudagraph_mode == CUDAGraphMode.NONE
     assert "all" in config.compilation_config.custom_ops
+
+
+# ---- vLLM 0.34: no V1 runners, new records -------------------------------------------------------
+
+V033, V034 = "0.33.0", "0.34.0+cpu"
+
+
+@pytest.mark.parametrize("found, has", [("0.32.0+cpu", True), ("0.33.2", True), ("0.34.0", False), ("0.34.1+cpu", False)])
+def test_v1_runner_version_check(found, has):
+    assert compat.has_v1_runners(found) is has
+
+
+def test_the_v1_switch_is_left_alone_where_vllm_has_none():
+    environ = {}
+    compat.keep_v1_model_runner(environ, found=V034)
+    assert environ == {}
+    compat.keep_v1_model_runner({compat.V2_RUNNER_ENV: "1"}, found=V034)  # no switch, nothing to refuse
+
+
+def test_runner_output_fields_by_version():
+    order = ["b", "a"]
+    assert compat.runner_output_order(order, found=V033) == {"req_ids": order, "req_id_to_index": {"b": 0, "a": 1}}
+    assert compat.runner_output_order(order, found=V034) == {"req_ids": order}
+    assert compat.output_rows(SimpleNamespace(req_ids=order)) == {"b": 0, "a": 1}
+
+
+def test_the_installed_vllm_builds_our_runner_output():
+    """DiffusionRunnerOutput is vLLM's ModelRunnerOutput with the installed version's
+    fields: vLLM's own scheduler finds each request's row in it."""
+    from vllm_dllm.worker.runner import DiffusionRunnerOutput
+
+    output = DiffusionRunnerOutput(**compat.runner_output_order(["x", "y"]), sampled_token_ids=[[1], [2, 3]])
+    rows = compat.output_rows(output)
+    assert output.sampled_token_ids[rows["y"]] == [2, 3]
+    if compat.has_v1_runners():
+        assert output.req_id_to_index == rows
+
+
+def test_the_installed_vllm_takes_our_scheduler_records():
+    from vllm.v1.core.sched.output import CachedRequestData, NewRequestData
+
+    cached = compat.cached_request_data(["a", "b"], num_computed_tokens=[3, 4], num_output_tokens=[0, 1])
+    assert isinstance(cached, CachedRequestData)
+    assert cached.req_ids == ["a", "b"] and cached.new_block_ids == [None, None]
+    assert cached.num_computed_tokens == [3, 4] and cached.num_output_tokens == [0, 1]
+
+    request = SimpleNamespace(
+        request_id="r", prompt_token_ids=[5, 6, 7], mm_features=[], sampling_params=None, pooling_params=None,
+        num_computed_tokens=0, lora_request=None, prompt_embeds=None, prompt_is_token_ids=None,
+        prefill_token_ids=[5, 6, 7], replay_start=0,
+    )
+    new = compat.new_request_data(request, ([1, 2],))
+    assert isinstance(new, NewRequestData)
+    assert new.req_id == "r" and new.prompt_token_ids == [5, 6, 7] and new.block_ids == ([1, 2],)
+    if not compat.has_v1_runners():
+        assert new.prefill_token_ids == [5, 6, 7]
+
+
+def test_the_validator_subclasses_the_interface_vllm_loads():
+    """vLLM loads --logits-processors entries as subclasses of its interface (V1's
+    before 0.34, the V2 runner's from 0.34 on) and refuses others at start-up."""
+    from vllm_dllm.validation import DiffusionParamsValidator
+
+    assert issubclass(DiffusionParamsValidator, compat.logits_processor_base())
+    assert not getattr(DiffusionParamsValidator, "__abstractmethods__", None)
+
+
+def vllm_config_with(jit_warmup=True, extensible=None):
+    return SimpleNamespace(kernel_config=SimpleNamespace(enable_jit_warmup=jit_warmup),
+                           cache_config=SimpleNamespace(enable_extensible_kv_cache=extensible))
+
+
+def test_vllms_runner_warmups_are_turned_off_from_034():
+    config = vllm_config_with()
+    compat.keep_vllm_runner_warmups_off(config, found=V034)
+    assert config.kernel_config.enable_jit_warmup is False
+    assert config.cache_config.enable_extensible_kv_cache is False
+
+
+def test_before_034_the_warmup_settings_are_not_touched():
+    config = vllm_config_with()
+    compat.keep_vllm_runner_warmups_off(config, found=V033)
+    assert config.kernel_config.enable_jit_warmup is True
+    assert config.cache_config.enable_extensible_kv_cache is None
+
+
+def test_asking_for_the_extensible_kv_cache_is_refused_clearly():
+    with pytest.raises(ValueError, match="--enable-extensible-kv-cache"):
+        compat.keep_vllm_runner_warmups_off(vllm_config_with(extensible=True), found=V034)

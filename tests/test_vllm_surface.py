@@ -236,6 +236,31 @@ def test_fingerprints_ignore_comments_and_docstrings_but_not_code(tmp_path):
     assert results[0][0] == REVIEW and "note" in results[0][1]
 
 
+def test_expectations_of_other_releases_are_not_checked(tmp_path):
+    """compat.py branches on the vLLM release: what one branch needs is checked only
+    against the releases that take it (the synthetic tree is 9.9.0)."""
+    tree = write_tree(tmp_path, BASE)
+    names = (
+        surface.Name("vllm", "Gone", versions=((0, 0), (9, 9))),  # an older branch: not checked
+        surface.Name("vllm", "Engine", versions=((9, 9), (99, 0))),  # this release's branch
+        surface.Name("vllm", "Missing", versions=((9, 9), (10, 0))),  # this release's branch, broken
+    )
+    results = [(r.item, r.status) for r in checker.check(tree, spec(NAMES=names))]
+    assert results == [("vllm.Engine", OK), ("vllm.Missing", BROKEN)]
+    assert checker.release("0.34.0+cpu") == (0, 34) and checker.release("unknown") is None
+
+
+def test_every_release_range_in_the_surface_is_one_the_support_window_meets():
+    from vllm_dllm.compat import SUPPORTED
+
+    low, high = SUPPORTED
+    for section in (surface.NAMES, surface.OVERRIDES, surface.CALLS, surface.MEMBERS, surface.CONSTRUCTED,
+                    surface.LITERALS, surface.REVIEWED):
+        for item in section:
+            since, until = item.versions
+            assert since < until and since < high and until > low, item
+
+
 def test_new_calls_on_the_model_runner_need_a_review(tmp_path):
     files = dict(BASE)
     files["vllm/worker.py"] = """

@@ -12,7 +12,12 @@ from __future__ import annotations
 import os
 from importlib.metadata import PackageNotFoundError, version
 
-SUPPORTED = ((0, 32), (0, 34))  # [min, max) as (major, minor): 0.32.x and 0.33.x
+SUPPORTED = ((0, 32), (0, 35))  # [min, max) as (major, minor): 0.32.x, 0.33.x and 0.34.x
+
+# vLLM 0.34 removed the V1 model runners (and the switch between V1 and V2), moved the
+# logits-processor interface to the V2 runner, and changed the scheduler's and the
+# runner's output records.  Every branch on it is in this module.
+V1_RUNNERS_REMOVED = (0, 34)
 
 # KV block size where the user passed none.  vLLM 0.32's CPU platform set 128 in
 # check_and_update_config; 0.33 moved that default into update_block_size_for_backend,
@@ -52,7 +57,8 @@ def _supported_text() -> str:
     (low_major, low_minor), (high_major, high_minor) = SUPPORTED
     if low_major != high_major:
         return f">= {low_major}.{low_minor}, < {high_major}.{high_minor}"
-    return " and ".join(f"{low_major}.{minor}.x" for minor in range(low_minor, high_minor))
+    minors = [f"{low_major}.{minor}.x" for minor in range(low_minor, high_minor)]
+    return minors[0] if len(minors) == 1 else f"{', '.join(minors[:-1])} and {minors[-1]}"
 
 
 def check_vllm_version(found: str | None = None) -> None:
@@ -76,6 +82,60 @@ def stop_trims_computed_tokens(found: str | None = None) -> bool:
     return _major_minor(found or vllm_version()) >= (0, 33)
 
 
+def has_v1_runners(found: str | None = None) -> bool:
+    """Whether vLLM still ships its V1 model runners and the V1/V2 switch (< 0.34)."""
+    return _major_minor(found or vllm_version()) < V1_RUNNERS_REMOVED
+
+
+def logits_processor_base(found: str | None = None) -> type:
+    """The class vLLM loads `--logits-processors` entries as, and whose
+    `validate_params` it runs on every request in the front end: V1's interface
+    before 0.34, the V2 runner's from 0.34 on (its `apply` takes a context too)."""
+    if has_v1_runners(found):
+        from vllm.v1.sample.logits_processor.interface import LogitsProcessor
+    else:
+        from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor
+    return LogitsProcessor
+
+
+def new_request_data(request, block_ids, found: str | None = None):
+    """vLLM's record of a request the step admits; 0.34 also carries the token ids
+    its runner prefills (the prompt, plus any output of a resumed request)."""
+    from vllm.v1.core.sched.output import NewRequestData
+
+    if has_v1_runners(found):
+        return NewRequestData.from_request(request, block_ids)
+    return NewRequestData.from_request(request, block_ids, request.prefill_token_ids)
+
+
+def cached_request_data(req_ids: list[str], num_computed_tokens: list[int], num_output_tokens: list[int],
+                        found: str | None = None):
+    """vLLM's record of the running requests a step schedules, none of them resumed
+    (a resumed request is sent as new) and none with new blocks (a request holds its
+    whole sequence's blocks from admission)."""
+    from vllm.v1.core.sched.output import CachedRequestData
+
+    fields = dict(req_ids=req_ids, new_token_ids=[], new_block_ids=[None] * len(req_ids),
+                  num_computed_tokens=num_computed_tokens, num_output_tokens=num_output_tokens)
+    if has_v1_runners(found):
+        fields.update(resumed_req_ids=set(), all_token_ids={})
+    return CachedRequestData(**fields)
+
+
+def runner_output_order(req_ids: list[str], found: str | None = None) -> dict:
+    """The fields of vLLM's ModelRunnerOutput that say which row is which request:
+    before 0.34 an index map beside the ids (vLLM's scheduler reads the map), from
+    0.34 on the ids alone (a request's row is its position)."""
+    if has_v1_runners(found):
+        return dict(req_ids=req_ids, req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)})
+    return dict(req_ids=req_ids)
+
+
+def output_rows(model_runner_output) -> dict[str, int]:
+    """Each request's row in a runner output, on every supported version."""
+    return {req_id: i for i, req_id in enumerate(model_runner_output.req_ids)}
+
+
 def register_config_hook(architectures: list[str], hook: type) -> None:
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
@@ -89,14 +149,16 @@ def set_default_block_size(cache_config, device: str) -> None:
         cache_config.block_size = DEFAULT_BLOCK_SIZE[device]
 
 
-def keep_v1_model_runner(environ=os.environ) -> None:
-    """Keep vLLM on its V1 model-runner family, on CPU as on CUDA.
+def keep_v1_model_runner(environ=os.environ, found: str | None = None) -> None:
+    """Before vLLM 0.34: keep vLLM on its V1 model-runner family, on CPU as on CUDA.
 
-    Our runner speaks V1's scheduler-output format, and vLLM 0.33's CPU worker warms
-    up V2's Triton kernels on the runner when V2 is on (a triton-cpu build turns it
-    on by default).  The switch is vLLM's environment variable, read in the engine
-    and worker processes, which inherit this one's environment.
+    vLLM 0.33's CPU worker warms up V2's Triton kernels on the runner when V2 is on
+    (a triton-cpu build turns it on by default).  The switch is vLLM's environment
+    variable, read in the engine and worker processes, which inherit this one's
+    environment.  vLLM 0.34 has no V1 runners and no switch: nothing to keep.
     """
+    if not has_v1_runners(found):
+        return
     value = environ.setdefault(V2_RUNNER_ENV, "0")
     if value.strip() != "0":
         raise RuntimeError(
@@ -140,3 +202,25 @@ def keep_vllm_compilation_off(compilation_config) -> None:
         compilation_config.mode = CompilationMode.NONE
     if compilation_config.cudagraph_mode is None:
         compilation_config.cudagraph_mode = CUDAGraphMode.NONE
+
+
+def keep_vllm_runner_warmups_off(vllm_config, found: str | None = None) -> None:
+    """vLLM 0.34 only: no warm-up of vLLM's own runner kernels on ours, and no
+    extensible KV cache.
+
+    0.34's CPU worker runs the V2 runner's kernel warm-up (`enable_jit_warmup`, on by
+    default) against whatever runner it holds; ours warms up with its own profile
+    step.  0.34's GPU worker turns on the extensible KV cache where it can (pages
+    committed after vLLM's warm-up, through runner calls ours does not make): our
+    runner binds the pool vLLM sizes, so a user who asks for it is refused.
+    """
+    if has_v1_runners(found):
+        return
+    vllm_config.kernel_config.enable_jit_warmup = False
+    cache_config = vllm_config.cache_config
+    if cache_config.enable_extensible_kv_cache:
+        raise ValueError(
+            "vllm-dllm does not support --enable-extensible-kv-cache: the diffusion runner binds the "
+            "KV pool vLLM sizes at start-up; drop the flag"
+        )
+    cache_config.enable_extensible_kv_cache = False

@@ -19,6 +19,7 @@ from vllm_dllm.compat import (
     RESERVED_CPU_ENV,
     keep_v1_model_runner,
     keep_vllm_compilation_off,
+    keep_vllm_runner_warmups_off,
     reserve_no_cpu_on_small_machine,
     set_default_block_size,
 )
@@ -184,6 +185,7 @@ class DiffusionConfigHook:
         # Our runner is V1-shaped on every device and vLLM version; the block-size
         # default moved between vLLM versions (compat.py).
         keep_v1_model_runner()
+        keep_vllm_runner_warmups_off(vllm_config)
         device = _device()
         set_default_block_size(vllm_config.cache_config, device)
         if device == "cuda":

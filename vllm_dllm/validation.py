@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import RequestOutputKind
-from vllm.v1.sample.logits_processor.interface import LogitsProcessor
 
+from vllm_dllm.compat import logits_processor_base
 from vllm_dllm.options import OptionError, resolve
 from vllm_dllm.options.likelihood import likelihood_request, model_problem
 from vllm_dllm.server_config import process_defaults
@@ -62,7 +62,7 @@ def _check_likelihood(sampling_params, kind: str) -> None:
         raise VLLMValidationError("'likelihood' is estimated once per request: n must be 1", parameter="n")
 
 
-class DiffusionParamsValidator(LogitsProcessor):
+class DiffusionParamsValidator(logits_processor_base()):
     @classmethod
     def validate_params(cls, sampling_params) -> None:
         defaults = process_defaults()
@@ -87,12 +87,12 @@ class DiffusionParamsValidator(LogitsProcessor):
             raise VLLMValidationError(problem, parameter="cache")
         _check_likelihood(sampling_params, defaults.kind)
 
-    def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
-        # vLLM's stock runners instantiate every configured processor; as one it is
-        # an identity.
+    def __init__(self, vllm_config, *args):
+        # vLLM's stock runners instantiate every configured processor (V1: with the
+        # device and pinning, V2: with the request state); as one it is an identity.
         pass
 
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+    def apply(self, logits: torch.Tensor, *context) -> torch.Tensor:
         return logits
 
     def is_argmax_invariant(self) -> bool:

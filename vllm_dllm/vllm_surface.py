@@ -22,11 +22,27 @@ Kinds of expectation:
 - RUNNER_CALLS: what vLLM's workers call on `self.model_runner` (our runner is not a
   vLLM class): each name is either provided by DiffusionModelRunner or known to be on
   a path our workers never take.
+
+An expectation that holds only on some releases (compat.py branches on them) names
+them in `versions`, a [low, high) range of (major, minor); a release outside it is
+not checked against it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+Versions = tuple[tuple[int, int], tuple[int, int]]
+EVERY = ((0, 0), (99, 0))
+# compat.V1_RUNNERS_REMOVED: vLLM's V1 runners, the V1/V2 switch and the V1
+# logits-processor interface exist before 0.34; the V2 interface from 0.34 on.
+BEFORE_034: Versions = ((0, 0), (0, 34))
+FROM_034: Versions = ((0, 34), (99, 0))
+
+
+def applies(item, version: tuple[int, int]) -> bool:
+    low, high = getattr(item, "versions", EVERY)
+    return low <= version < high
 
 
 @dataclass(frozen=True)
@@ -34,6 +50,7 @@ class Name:
     module: str
     name: str
     why: str = ""
+    versions: Versions = EVERY
 
 
 @dataclass(frozen=True)
@@ -42,6 +59,7 @@ class Override:
     qualname: str  # "Class.method"
     signature: str  # as printed by vllm_surface_check.signature_text
     why: str = ""
+    versions: Versions = EVERY
 
 
 @dataclass(frozen=True)
@@ -51,6 +69,7 @@ class Call:
     positional: int  # positional arguments we pass (self/cls not counted)
     keywords: tuple[str, ...] = ()
     why: str = ""
+    versions: Versions = EVERY
 
 
 @dataclass(frozen=True)
@@ -59,6 +78,7 @@ class Members:
     cls: str
     names: tuple[str, ...]
     why: str = ""
+    versions: Versions = EVERY
 
 
 @dataclass(frozen=True)
@@ -67,6 +87,7 @@ class Constructed:
     cls: str
     fields: tuple[str, ...]
     why: str = ""
+    versions: Versions = EVERY
 
 
 @dataclass(frozen=True)
@@ -74,6 +95,7 @@ class Literal:
     module: str
     value: str
     why: str = ""
+    versions: Versions = EVERY
 
 
 @dataclass(frozen=True)
@@ -82,6 +104,7 @@ class Reviewed:
     qualname: str
     fingerprints: dict[str, str]  # vLLM version -> code fingerprint reviewed
     note: str
+    versions: Versions = EVERY
 
 
 @dataclass(frozen=True)
@@ -132,8 +155,8 @@ NAMES: tuple[Name, ...] = (
     Name("vllm.transformers_utils.repo_utils", "get_hf_file_to_dict", "server_config"),
     Name("vllm.utils.math_utils", "cdiv", "scheduler"),
     Name("vllm.utils.torch_utils", "kv_cache_dtype_str_to_dtype", "worker/runner.py"),
-    Name(OUTPUT, "CachedRequestData", "scheduler"),
-    Name(OUTPUT, "NewRequestData", "scheduler, runner"),
+    Name(OUTPUT, "CachedRequestData", "compat.cached_request_data"),
+    Name(OUTPUT, "NewRequestData", "compat.new_request_data, scheduler, runner"),
     Name("vllm.v1.core.kv_cache_manager", "KVCacheBlocks", "scheduler/prefix_cache.py"),
     Name(OUTPUT, "SchedulerOutput", "scheduler, runner"),
     Name("vllm.v1.core.sched.request_queue", "SchedulingPolicy", "scheduler"),
@@ -152,7 +175,10 @@ NAMES: tuple[Name, ...] = (
     Name("vllm.v1.outputs", "LogprobsTensors", "runner: prompt logprob rows"),
     Name("vllm.v1.request", "Request", "scheduler"),
     Name("vllm.v1.request", "RequestStatus", "scheduler"),
-    Name("vllm.v1.sample.logits_processor.interface", "LogitsProcessor", "validation: subclassed"),
+    Name("vllm.v1.sample.logits_processor.interface", "LogitsProcessor",
+         "compat.logits_processor_base: validation subclasses it", versions=BEFORE_034),
+    Name("vllm.v1.worker.gpu.sample.logits_processor.interface", "LogitsProcessor",
+         "compat.logits_processor_base: validation subclasses it", versions=FROM_034),
     Name("vllm.v1.spec_decode.metrics", "SpecDecodingStats", "metrics"),
     Name("vllm.v1.worker.cpu_worker", "CPUWorker", "worker: subclassed"),
     Name("vllm.v1.worker.gpu_worker", "Worker", "worker: subclassed"),
@@ -170,6 +196,8 @@ NAMES: tuple[Name, ...] = (
 # ---- overridden methods and the hooks vLLM calls on our objects -------------------
 
 _RUNNER = "vllm.v1.worker.gpu_model_runner"
+_V2_LOGITS = "vllm.v1.worker.gpu.sample.logits_processor.interface"
+_V2_RUNNER = "vllm.v1.worker.gpu.model_runner"
 OVERRIDES: tuple[Override, ...] = (
     Override(SCHED, "Scheduler.add_request", "(self, request)"),
     Override(SCHED, "Scheduler._preempt_request", "(self, request, timestamp, drop_stale_output=False)"),
@@ -208,43 +236,70 @@ OVERRIDES: tuple[Override, ...] = (
     Override(
         "vllm.v1.sample.logits_processor.interface",
         "LogitsProcessor.validate_params",
-        "@classmethod (cls, sampling_params)",
-    ),
+        "@classmethod (cls, sampling_params)", versions=BEFORE_034),
     Override(
         "vllm.v1.sample.logits_processor.interface",
         "LogitsProcessor.__init__",
-        "(self, vllm_config, device, is_pin_memory)",
-    ),
-    Override("vllm.v1.sample.logits_processor.interface", "LogitsProcessor.apply", "(self, logits)"),
+        "(self, vllm_config, device, is_pin_memory)", versions=BEFORE_034),
+    Override("vllm.v1.sample.logits_processor.interface", "LogitsProcessor.apply", "(self, logits)", versions=BEFORE_034),
+    Override(_V2_LOGITS, "LogitsProcessor.validate_params", "@classmethod (cls, sampling_params)",
+             versions=FROM_034),
+    Override(_V2_LOGITS, "LogitsProcessor.__init__", "(self, vllm_config, req_states)",
+             "validation takes (vllm_config, *args): V1's device and pinning, V2's request state", versions=FROM_034),
+    Override(_V2_LOGITS, "LogitsProcessor.apply", "(self, logits, ctx)",
+             "validation takes (logits, *context): V2 adds the step's context", versions=FROM_034),
     Override("vllm.plugins.endpoint_plugins.interface", "EndpointPlugin.attach_router", "(self, app)",
              "frontend.DiffusionEndpoints (a Protocol, not subclassed)"),
     Override("vllm.plugins.endpoint_plugins.interface", "EndpointPlugin.init_state",
              "(self, engine_client, state, args)", "frontend.DiffusionEndpoints"),
-    Override("vllm.v1.sample.logits_processor.interface", "LogitsProcessor.is_argmax_invariant", "(self)"),
-    Override("vllm.v1.sample.logits_processor.interface", "LogitsProcessor.update_state", "(self, batch_update)"),
+    Override("vllm.v1.sample.logits_processor.interface", "LogitsProcessor.is_argmax_invariant", "(self)", versions=BEFORE_034),
+    Override("vllm.v1.sample.logits_processor.interface", "LogitsProcessor.update_state", "(self, batch_update)", versions=BEFORE_034),
     # DiffusionModelRunner mirrors vLLM's V1 runner: the workers call these with its signatures.
     Override(_RUNNER, "GPUModelRunner.load_model", "(self, load_dummy_weights=False, *, model=None)",
-             "ours takes load_dummy_weights; model= is passed only by weight reloading"),
-    Override(_RUNNER, "GPUModelRunner.execute_model", "(self, scheduler_output, intermediate_tensors=None)"),
-    Override(_RUNNER, "GPUModelRunner.sample_tokens", "(self, grammar_output)"),
+             "ours takes load_dummy_weights; model= is passed only by weight reloading", versions=BEFORE_034),
+    Override(_RUNNER, "GPUModelRunner.execute_model", "(self, scheduler_output, intermediate_tensors=None)", versions=BEFORE_034),
+    Override(_RUNNER, "GPUModelRunner.sample_tokens", "(self, grammar_output)", versions=BEFORE_034),
     Override(
         _RUNNER,
         "GPUModelRunner.initialize_kv_cache",
         "(self, kv_cache_config, is_profiling=False, kv_cache_allocation_context=None)",
+        versions=BEFORE_034,
     ),
-    Override(_RUNNER, "GPUModelRunner.get_kv_cache_spec", "(self)"),
-    Override(_RUNNER, "GPUModelRunner.update_max_model_len", "(self, max_model_len)"),
-    Override(_RUNNER, "GPUModelRunner.take_draft_token_ids", "(self)"),
-    Override(_RUNNER, "GPUModelRunner.get_supported_tasks", "(self)"),
-    Override(_RUNNER, "GPUModelRunner.maybe_remove_all_loras", "(self, lora_config)"),
-    Override(_RUNNER, "GPUModelRunner.shutdown", "(self)"),
-    Override(_RUNNER, "GPUModelRunner.reset_mm_cache", "(self)"),
-    Override(_RUNNER, "GPUModelRunner.reset_encoder_cache", "(self)"),
-    Override(_RUNNER, "GPUModelRunner.get_model", "(self)"),
-    Override(_RUNNER, "GPUModelRunner.get_draft_model", "(self)"),
-    Override(_RUNNER, "GPUModelRunner.get_encoder_timing_stats", "(self)"),
+    Override(_RUNNER, "GPUModelRunner.get_kv_cache_spec", "(self)", versions=BEFORE_034),
+    Override(_RUNNER, "GPUModelRunner.update_max_model_len", "(self, max_model_len)", versions=BEFORE_034),
+    Override(_RUNNER, "GPUModelRunner.take_draft_token_ids", "(self)", versions=BEFORE_034),
+    Override(_RUNNER, "GPUModelRunner.get_supported_tasks", "(self)", versions=BEFORE_034),
+    Override(_RUNNER, "GPUModelRunner.maybe_remove_all_loras", "(self, lora_config)", versions=BEFORE_034),
+    Override(_RUNNER, "GPUModelRunner.shutdown", "(self)", versions=BEFORE_034),
+    Override(_RUNNER, "GPUModelRunner.reset_mm_cache", "(self)", versions=BEFORE_034),
+    Override(_RUNNER, "GPUModelRunner.reset_encoder_cache", "(self)", versions=BEFORE_034),
+    Override(_RUNNER, "GPUModelRunner.get_model", "(self)", versions=BEFORE_034),
+    Override(_RUNNER, "GPUModelRunner.get_draft_model", "(self)", versions=BEFORE_034),
+    Override(_RUNNER, "GPUModelRunner.get_encoder_timing_stats", "(self)", versions=BEFORE_034),
+    # From 0.34 the workers build (and call with the signatures of) the V2 runner.
+    Override(_V2_RUNNER, "GPUModelRunner.load_model",
+             "(self, load_dummy_weights=False, *args, model=None, **kwargs)", "ours takes load_dummy_weights; model= is passed only by weight reloading", versions=FROM_034),
+    Override(_V2_RUNNER, "GPUModelRunner.execute_model",
+             "(self, scheduler_output, intermediate_tensors=None, dummy_run=False, skip_attn_for_dummy_run=False, is_profile=False, context_len=0, valid_dummy_state_slots=False, randomize_inputs=False)", "the workers pass the first two; the rest only on dummy/profile runs of vLLM's own", versions=FROM_034),
+    Override(_V2_RUNNER, "GPUModelRunner.sample_tokens",
+             "(self, grammar_output)", versions=FROM_034),
+    Override(_V2_RUNNER, "GPUModelRunner.initialize_kv_cache",
+             "(self, kv_cache_config, is_profiling=False, kv_cache_allocation_context=None, extensible=False)", "extensible= only with the extensible KV cache, which compat.keep_vllm_runner_warmups_off turns off", versions=FROM_034),
+    Override(_V2_RUNNER, "GPUModelRunner.get_kv_cache_spec", "(self)", versions=FROM_034),
+    Override(_V2_RUNNER, "GPUModelRunner.update_max_model_len", "(self, max_model_len)", versions=FROM_034),
+    Override(_V2_RUNNER, "GPUModelRunner.take_draft_token_ids", "(self)", versions=FROM_034),
+    Override(_V2_RUNNER, "GPUModelRunner.get_supported_tasks", "(self)", versions=FROM_034),
+    Override(_V2_RUNNER, "GPUModelRunner.maybe_remove_all_loras", "(self, lora_config)", versions=FROM_034),
+    Override(_V2_RUNNER, "GPUModelRunner.shutdown", "(self)", versions=FROM_034),
+    Override(_V2_RUNNER, "GPUModelRunner.reset_mm_cache", "(self)", versions=FROM_034),
+    Override(_V2_RUNNER, "GPUModelRunner.reset_encoder_cache", "(self)", versions=FROM_034),
+    Override(_V2_RUNNER, "GPUModelRunner.get_model", "(self)", versions=FROM_034),
+    Override(_V2_RUNNER, "GPUModelRunner.get_draft_model", "(self)", versions=FROM_034),
+    Override(_V2_RUNNER, "GPUModelRunner.get_encoder_timing_stats", "(self)", versions=FROM_034),
     Override("vllm.v1.worker.cpu_model_runner", "CPUModelRunner.warming_up_model", "(self)",
-             "CPUWorker.compile_or_warm_up_model calls it; ours runs a profile step"),
+             "CPUWorker.compile_or_warm_up_model calls it; ours runs a profile step", versions=BEFORE_034),
+    Override("vllm.v1.worker.cpu.model_runner", "CPUModelRunner.warming_up_model", "(self)",
+             "CPUWorker.determine_available_memory calls it; ours runs a profile step", versions=FROM_034),
 )
 
 # ---- calls ----------------------------------------------------------------------------
@@ -305,7 +360,9 @@ CALLS: tuple[Call, ...] = (
     Call("vllm.v1.core.kv_cache_manager", "KVCacheBlocks.get_block_ids", 0),
     Call("vllm.v1.core.block_pool", "BlockPool.get_num_free_blocks", 0),
     Call("vllm.v1.core.sched.request_queue", "RequestQueue.remove_request", 1),
-    Call(OUTPUT, "NewRequestData.from_request", 2),
+    Call(OUTPUT, "NewRequestData.from_request", 2, (), "compat.new_request_data", versions=BEFORE_034),
+    Call(OUTPUT, "NewRequestData.from_request", 3, (), "compat.new_request_data: with prefill_token_ids",
+         versions=FROM_034),
     Call("vllm.v1.request", "Request.record_event", 2),
     Call("vllm.v1.request", "Request.take_events", 0),
     Call("vllm.v1.request", "Request.get_finished_reason", 0),
@@ -322,9 +379,10 @@ MEMBERS: tuple[Members, ...] = (
         (
             "vllm_config", "cache_config", "kv_cache_manager", "requests", "running", "waiting", "policy",
             "max_num_scheduled_tokens", "max_num_running_reqs", "max_model_len", "log_stats",
-            "finished_req_ids", "reset_preempted_req_ids",
+            "finished_req_ids", "reset_preempted_req_ids", "deferred_waiting",
         ),
-        "scheduler reads (and resets the last two) as vLLM's own schedule() does",
+        "scheduler reads (and resets finished_req_ids and reset_preempted_req_ids, and discards "
+        "admitted requests from deferred_waiting) as vLLM's own schedule() does",
     ),
     Members("vllm.v1.core.kv_cache_manager", "KVCacheManager", ("block_pool", "enable_caching")),
     Members("vllm.ir.op", "IrOp", ("register_impl", "impls"), "models/cpu_rms_norm.py: the CPU RMSNorm provider"),
@@ -341,6 +399,7 @@ MEMBERS: tuple[Members, ...] = (
             "client_index", "num_computed_tokens", "num_output_tokens", "num_in_flight_tokens", "num_tokens",
         ),
     ),
+    Members("vllm.v1.request", "Request", ("prefill_token_ids",), "compat.new_request_data", versions=FROM_034),
     Members("vllm.v1.request", "RequestStatus", ("RUNNING", "FINISHED_ERROR")),
     Members("vllm.v1.core.sched.request_queue", "SchedulingPolicy", ("PRIORITY",)),
     Members("vllm.v1.engine", "EngineCoreEventType", ("SCHEDULED",)),
@@ -368,7 +427,9 @@ MEMBERS: tuple[Members, ...] = (
     Members(OUTPUT, "NewRequestData",
             ("req_id", "block_ids", "sampling_params", "prompt_token_ids", "num_computed_tokens")),
     Members(OUTPUT, "CachedRequestData", ("req_ids", "new_block_ids")),
-    Members("vllm.v1.outputs", "ModelRunnerOutput", ("sampled_token_ids", "req_id_to_index")),
+    Members("vllm.v1.outputs", "ModelRunnerOutput", ("sampled_token_ids", "req_ids"), "compat.output_rows"),
+    Members("vllm.v1.outputs", "ModelRunnerOutput", ("req_id_to_index",), "compat.runner_output_order",
+            versions=BEFORE_034),
     Members(KV, "KVCacheConfig", ("num_blocks", "kv_cache_tensors", "kv_cache_groups")),
     Members(KV, "KVCacheTensor", ("size", "layers", "offset", "layer_stride", "block_stride")),
     Members(KV, "KVCacheGroupSpec", ("kv_cache_spec", "layer_names")),
@@ -377,9 +438,14 @@ MEMBERS: tuple[Members, ...] = (
         "vllm.config.vllm",
         "VllmConfig",
         ("model_config", "cache_config", "parallel_config", "scheduler_config", "additional_config",
-         "quant_config", "use_v2_model_runner", "compilation_config", "lora_config", "speculative_config",
-         "kv_transfer_config"),
+         "quant_config", "compilation_config", "lora_config", "speculative_config", "kv_transfer_config",
+         "kernel_config"),
     ),
+    Members("vllm.config.vllm", "VllmConfig", ("use_v2_model_runner",), versions=BEFORE_034),
+    Members("vllm.config.kernel", "KernelConfig", ("enable_jit_warmup",), "compat.keep_vllm_runner_warmups_off",
+            versions=FROM_034),
+    Members("vllm.config.cache", "CacheConfig", ("enable_extensible_kv_cache",),
+            "compat.keep_vllm_runner_warmups_off", versions=FROM_034),
     Members(
         "vllm.config.model",
         "ModelConfig",
@@ -420,7 +486,10 @@ MEMBERS: tuple[Members, ...] = (
 CONSTRUCTED: tuple[Constructed, ...] = (
     Constructed(OUTPUT, "CachedRequestData",
                 ("req_ids", "resumed_req_ids", "new_token_ids", "all_token_ids", "new_block_ids",
-                 "num_computed_tokens", "num_output_tokens")),
+                 "num_computed_tokens", "num_output_tokens"), "compat.cached_request_data", versions=BEFORE_034),
+    Constructed(OUTPUT, "CachedRequestData",
+                ("req_ids", "new_token_ids", "new_block_ids", "num_computed_tokens", "num_output_tokens"),
+                "compat.cached_request_data", versions=FROM_034),
     Constructed(OUTPUT, "SchedulerOutput",
                 ("scheduled_new_reqs", "scheduled_cached_reqs", "num_scheduled_tokens",
                  "total_num_scheduled_tokens", "scheduled_spec_decode_tokens", "scheduled_encoder_inputs",
@@ -430,7 +499,10 @@ CONSTRUCTED: tuple[Constructed, ...] = (
     Constructed("vllm.v1.engine", "EngineCoreOutputs", ()),
     Constructed("vllm.v1.outputs", "ModelRunnerOutput",
                 ("req_ids", "req_id_to_index", "sampled_token_ids", "logprobs", "prompt_logprobs_dict"),
-                "DiffusionRunnerOutput subclasses it"),
+                "DiffusionRunnerOutput subclasses it", versions=BEFORE_034),
+    Constructed("vllm.v1.outputs", "ModelRunnerOutput",
+                ("req_ids", "sampled_token_ids", "logprobs", "prompt_logprobs_dict"),
+                "DiffusionRunnerOutput subclasses it", versions=FROM_034),
     Constructed("vllm.v1.outputs", "LogprobsTensors", ("logprob_token_ids", "logprobs", "selected_token_ranks"),
                 "runner: built positionally; vLLM sends a request's rows with its first output tokens"),
     Constructed("vllm.v1.outputs", "LogprobsLists",
@@ -455,8 +527,11 @@ LITERALS: tuple[Literal, ...] = (
     Literal("vllm.plugins", "vllm.endpoint_plugins",
             "pyproject entry point dllm = vllm_dllm.frontend:DiffusionEndpoints"),
     Literal("vllm.v1.sample.logits_processor", "vllm.logits_processors",
-            "server_config warns that installed logits-processor plugins are not applied"),
-    Literal("vllm.envs", "VLLM_USE_V2_MODEL_RUNNER", "server_config keeps the V2 runner off"),
+            "server_config warns that installed logits-processor plugins are not applied", versions=BEFORE_034),
+    Literal("vllm.v1.worker.gpu.sample.logits_processor.loader", "vllm.logits_processors",
+            "server_config warns that installed logits-processor plugins are not applied", versions=FROM_034),
+    Literal("vllm.envs", "VLLM_USE_V2_MODEL_RUNNER", "compat.keep_v1_model_runner keeps the V2 runner off",
+            versions=BEFORE_034),
     Literal("vllm.envs", "VLLM_CPU_NUM_OF_RESERVED_CPU",
             "server_config gives the CPU worker every core of a small machine"),
 )
@@ -473,18 +548,24 @@ REVIEWED: tuple[Reviewed, ...] = (
     ),
     Reviewed(
         SCHED, "Scheduler.update_from_output",
-        {"0.32": "d285784b0bfe", "0.33": "277436550f4f"},
+        {"0.32": "d285784b0bfe", "0.33": "277436550f4f", "0.34": "03ac75b9a1ad"},
         "wrapped by DiffusionScheduler (metrics, rejections) and ComputedTokensAccounting; 0.33 "
         "adds the stop trim (above), deferred KV frees/loads and re-queued resumable requests "
-        "(KV connectors and streaming sessions only, not used with diffusion models)",
+        "(KV connectors and streaming sessions only, not used with diffusion models); 0.34 finds "
+        "a request's row by its position in req_ids (compat.runner_output_order, compat.output_rows) "
+        "and adds Mamba prefix caching and watermarking reports (neither applies to our models)",
     ),
     Reviewed(
         SCHED, "Scheduler.schedule",
-        {"0.32": "6625adf8f31b", "0.33": "e772cd227475"},
+        {"0.32": "6625adf8f31b", "0.33": "e772cd227475", "0.34": "11d053fe9bab"},
         "replaced by DiffusionScheduler.schedule, never called: a change may mean state or "
         "SchedulerOutput fields we do not set; 0.33 adds a prefill cadence, draft skipping, "
         "deferred KV loads and the fields encoder_input_updates / skip_drafts, whose defaults "
-        "(no encoder inputs, no drafts) are right for us",
+        "(no encoder inputs, no drafts) are right for us; 0.34 sends resumed requests as new "
+        "ones with their prefill token ids (compat.new_request_data; ours already re-sends a "
+        "resumed request in full), drops the V1 prev-step bookkeeping, and adds an async-KV-load "
+        "queue and parked reservations (KV connectors only, refused for our models); every "
+        "version discards an admitted request from deferred_waiting, as ours does",
     ),
     Reviewed(
         SCHED, "Scheduler._preempt_request",
@@ -496,9 +577,11 @@ REVIEWED: tuple[Reviewed, ...] = (
              "wrapped: we replace spec_decoding_stats with our step counts"),
     Reviewed(
         "vllm.platforms.cpu", "CpuPlatform.check_and_update_config",
-        {"0.32": "130180b09f4e", "0.33": "00f9a6726507"},
+        {"0.32": "130180b09f4e", "0.33": "00f9a6726507", "0.34": "85d6984ebd64"},
         "0.32 sets block_size 128 when the user gave none; 0.33 does not (moved to "
-        "update_block_size_for_backend): compat.set_default_block_size pins 128 on CPU",
+        "update_block_size_for_backend): compat.set_default_block_size pins 128 on CPU; 0.34 "
+        "refuses x86 CPUs without triton-cpu (vLLM's own runner needs it; a vLLM CPU install "
+        "brings it), where 0.33 only warned",
     ),
     Reviewed(
         "vllm.platforms.cpu", "CpuPlatform.update_block_size_for_backend",
@@ -508,14 +591,17 @@ REVIEWED: tuple[Reviewed, ...] = (
     ),
     Reviewed(
         "vllm.v1.worker.cpu_worker", "CPUWorker.init_device",
-        {"0.32": "f3495bdcec2a", "0.33": "f3495bdcec2a"},
-        "builds vLLM's runner last; DiffusionCPUWorker replaces it right after",
+        {"0.32": "f3495bdcec2a", "0.33": "f3495bdcec2a", "0.34": "b96a06e4ec2b"},
+        "builds vLLM's runner last; DiffusionCPUWorker replaces it right after; 0.34 builds the "
+        "V2 CPU runner (or the standalone one off x86) where 0.33 chose by the V1/V2 switch",
     ),
     Reviewed(
         "vllm.v1.worker.cpu_worker", "CPUWorker.compile_or_warm_up_model",
-        {"0.32": "ed8a75bff566", "0.33": "cbcd8ad2a96e"},
+        {"0.32": "ed8a75bff566", "0.33": "cbcd8ad2a96e", "0.34": "efcfcf6a04d0"},
         "calls model_runner.warming_up_model (ours: a profile step); 0.33 also warms up V2 "
-        "kernels on the runner when V2 is on: compat.keep_v1_model_runner keeps V2 off on CPU",
+        "kernels on the runner when V2 is on: compat.keep_v1_model_runner keeps V2 off on CPU; "
+        "0.34 warms them up whenever kernel_config.enable_jit_warmup is on: "
+        "compat.keep_vllm_runner_warmups_off turns it off for our models",
     ),
     Reviewed(
         "vllm.v1.worker.cpu_worker", "CPUWorker.determine_available_memory",
@@ -529,6 +615,15 @@ REVIEWED: tuple[Reviewed, ...] = (
         "VLLM_USE_V2_MODEL_RUNNER=0 (set by compat.keep_v1_model_runner) wins, except that "
         "HiSparse and watermarking force V2 (both versions; neither works with vllm-dllm); 0.33 "
         "only exempts unspecified platforms from the no-Triton fallback",
+        versions=BEFORE_034,
+    ),
+    Reviewed(
+        "vllm.v1.worker.gpu_worker", "Worker.initialize_from_config",
+        {"0.34": "d479667d6626"},
+        "binds the KV cache through model_runner.initialize_kv_cache; with the extensible KV cache "
+        "(0.34's default on CUDA) it also reads model_runner.extensible_kv_cache, which ours does "
+        "not have: compat.keep_vllm_runner_warmups_off turns it off for our models",
+        versions=FROM_034,
     ),
 )
 
@@ -536,6 +631,7 @@ REVIEWED: tuple[Reviewed, ...] = (
 
 _LORA = "LoRA is not supported (lora_config is None)"
 _V2 = "V2 model runner only; keep_v1_model_runner keeps V2 off"
+_EXTENSIBLE = "extensible KV cache only, off for our models (compat.keep_vllm_runner_warmups_off)"
 _GPU_OVERRIDDEN = "on paths DiffusionGPUWorker overrides (determine_available_memory / compile_or_warm_up_model)"
 RUNNER_CALLS: tuple[RunnerCalls, ...] = (
     RunnerCalls(
@@ -563,6 +659,11 @@ RUNNER_CALLS: tuple[RunnerCalls, ...] = (
             "pool": "pooling models only",
             "eplb": _V2 + " (new in 0.33, inside compile_or_warm_up_model, which DiffusionGPUWorker overrides)",
             "reload_weights": "weight reloading (RL) is not supported",
+            "decode_query_len": "execute_dummy_batch only, with _dummy_run (new in 0.34): the dummy step of an "
+                                "idle data-parallel rank of an MoE model, whose data parallelism vllm-dllm refuses",
+            "extensible_kv_cache": _EXTENSIBLE + " (new in 0.34)",
+            "profile_adaptive_verification": "speculative decoding only (refused), and only if the runner has "
+                                             "adaptive_verification (new in 0.34)",
             "add_lora": _LORA,
             "remove_lora": _LORA,
             "list_loras": _LORA,

@@ -2,8 +2,8 @@
 supported vLLM.
 
 Our scheduler plans steps itself and never runs vLLM's `_update_after_schedule`,
-which advances the counter for autoregressive steps.  vLLM 0.33's
-`update_from_output` nevertheless edits it: on a stop it subtracts the tokens it
+which advances the counter for autoregressive steps.  vLLM 0.33's and
+0.34's `update_from_output` nevertheless edits it: on a stop it subtracts the tokens it
 trims after the stop, assuming the counter "covers all new tokens but the last one".
 Left at 0, the counter would go negative.  So, for every request a step ran, we set
 vLLM's own convention before its update: the step processed the whole sequence, so
@@ -15,7 +15,7 @@ so there we subtract the trimmed tokens ourselves.
 
 from __future__ import annotations
 
-from vllm_dllm.compat import stop_trims_computed_tokens
+from vllm_dllm.compat import output_rows, stop_trims_computed_tokens
 
 
 def computed_before_update(num_tokens: int, num_new: int) -> int:
@@ -31,10 +31,10 @@ class ComputedTokensAccounting:
     base_trims_on_stop: bool = stop_trims_computed_tokens()
 
     def update_from_output(self, scheduler_output, model_runner_output):
-        ran = {}
+        ran, rows = {}, output_rows(model_runner_output)
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(req_id)
-            index = model_runner_output.req_id_to_index.get(req_id)
+            index = rows.get(req_id)
             if request is None or index is None or request.is_finished():
                 continue
             num_new = len(model_runner_output.sampled_token_ids[index])

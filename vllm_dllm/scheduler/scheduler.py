@@ -16,12 +16,13 @@ import numpy as np
 
 from vllm.logger import init_logger
 from vllm.utils.math_utils import cdiv
-from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.request import Request, RequestStatus
 
+from vllm_dllm.compat import cached_request_data, new_request_data, output_rows
 from vllm_dllm.engine.constraints import GrammarStep
 from vllm_dllm.engine.likelihood import elbo_tokens
 from vllm_dllm.engine.prompt_scoring import scoring_tokens
@@ -310,22 +311,18 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             request.num_computed_tokens = track.prefilled = hit
             plan.num_tokens[req_id] = track.tokens  # priced before the hit was known
             self.waiting.remove_request(request)
+            # vLLM parks a request that waited for its grammar in deferred_waiting and
+            # drops it there when its own schedule() admits it: so do we, or the
+            # waiting gauges drift and the set keeps every such request alive.
+            self.deferred_waiting.discard(request)
             self.running.append(request)
             request.status = RequestStatus.RUNNING
             if self.log_stats:
                 request.record_event(EngineCoreEventType.SCHEDULED, now)
-            new_reqs.append(
-                NewRequestData.from_request(
-                    request, self.kv_cache_manager.get_blocks(req_id).get_block_ids()
-                )
-            )
+            new_reqs.append(new_request_data(request, self.kv_cache_manager.get_blocks(req_id).get_block_ids()))
         running = [self.requests[req_id] for req_id in plan.scheduled]
-        cached = CachedRequestData(
-            req_ids=list(plan.scheduled),
-            resumed_req_ids=set(),
-            new_token_ids=[],
-            all_token_ids={},
-            new_block_ids=[None] * len(running),
+        cached = cached_request_data(
+            list(plan.scheduled),
             num_computed_tokens=[r.num_computed_tokens for r in running],
             num_output_tokens=[r.num_output_tokens for r in running],
         )
@@ -385,7 +382,7 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
         accepts (vLLM then streams and accepts only those), and note where the rest
         goes back to the mask.  Returns the tokens cut."""
         cut = 0
-        for req_id, index in model_runner_output.req_id_to_index.items():
+        for req_id, index in output_rows(model_runner_output).items():
             request = self.requests.get(req_id)
             if request is None or not request.use_structured_output:
                 continue
@@ -471,6 +468,7 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             edited_tokens=getattr(model_runner_output, "edits", 0),
         )
         progress = getattr(model_runner_output, "progress", None) or None
+        rows = output_rows(model_runner_output)
         for req_id in scheduled:
             track = self._costs.get(req_id)
             if track is None:
@@ -487,7 +485,7 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             else:
                 stats.reuse_steps += 1
             stats.cache_rebuilds += track.needs_rebuild
-            index = model_runner_output.req_id_to_index.get(req_id)
+            index = rows.get(req_id)
             block = track.block
             track.advance(phase, progress[index] if progress is not None and index is not None else None)
             stats.completed_blocks += max(track.block - block, 0)

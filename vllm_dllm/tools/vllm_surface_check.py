@@ -50,8 +50,19 @@ class Result:
     detail: str = ""
 
 
+def release(version_text: str) -> tuple[int, int] | None:
+    """(major, minor) of a vLLM version string ("0.34.0+cpu" -> (0, 34)); None if unparsable."""
+    try:
+        major, minor = version_text.split("+")[0].split(".")[:2]
+        return int(major), int(minor)
+    except ValueError:
+        return None
+
+
 def check(tree: SourceTree, spec=surface) -> list[Result]:
-    """Every expectation of `spec` (a module shaped like vllm_dllm.vllm_surface) against `tree`."""
+    """Every expectation of `spec` (a module shaped like vllm_dllm.vllm_surface) that
+    applies to the tree's release against `tree` (all of them when the release is unknown)."""
+    version = release(tree.version())
     sections = (
         (spec.NAMES, _check_name),
         (spec.OVERRIDES, _check_override),
@@ -62,7 +73,11 @@ def check(tree: SourceTree, spec=surface) -> list[Result]:
         (spec.REVIEWED, _check_reviewed),
         (spec.RUNNER_CALLS, _check_runner_calls),
     )
-    return [result for items, check_one in sections for item in items for result in check_one(tree, item)]
+    return [
+        result for items, check_one in sections for item in items
+        if version is None or surface.applies(item, version)
+        for result in check_one(tree, item)
+    ]
 
 
 def _check_name(tree: SourceTree, item) -> list[Result]:

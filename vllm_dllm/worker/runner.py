@@ -23,6 +23,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsLists, LogprobsTensors, ModelRunnerOutput
 
 from vllm_dllm.attention.backends import TorchAttention, select_backend
+from vllm_dllm.compat import runner_output_order
 from vllm_dllm.engine.engine import StepEngine
 from vllm_dllm.engine.graphs import capture_cuda_graph
 from vllm_dllm.engine.likelihood import elbo_task
@@ -245,8 +246,7 @@ class DiffusionModelRunner:
         if result.logprobs is not None:
             logprobs = LogprobsLists(*result.logprobs, cu_num_generated_tokens=result.logprobs_start)
         return DiffusionRunnerOutput(
-            req_ids=order,
-            req_id_to_index={req_id: i for i, req_id in enumerate(order)},
+            **runner_output_order(order),
             sampled_token_ids=result.new_tokens,
             logprobs=logprobs,
             prompt_logprobs_dict={
