@@ -77,6 +77,9 @@ def test_diffusion_models_get_our_worker_scheduler_and_validator(tiny_dirs, arch
     assert config.scheduler_config.scheduler_cls == SCHEDULER_CLS
     assert VALIDATOR_CLS in config.model_config.logits_processors
     assert config.cache_config.enable_prefix_caching is False
+    # vLLM's own diffusion path (DiffusionGemma, from 0.33) is for configs with a
+    # canvas_length; ours stay out of it.
+    assert not getattr(config.model_config, "is_diffusion", False)
     # Our defaults, the same under every supported vLLM (compat.py).
     assert config.cache_config.block_size == DEFAULT_BLOCK_SIZE["cpu"]
     if compat.has_v1_runners():

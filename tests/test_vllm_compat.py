@@ -16,6 +16,7 @@ from vllm_dllm.scheduler.accounting import ComputedTokensAccounting, computed_be
 # ---- num_computed_tokens at a stop ------------------------------------------------------
 
 EOS = 0
+V033, V034 = "0.33.0", "0.34.0+cpu"
 
 
 @dataclass
@@ -164,14 +165,14 @@ def test_a_user_block_size_is_kept():
 
 def test_v2_runner_is_switched_off_when_unset():
     environ = {}
-    compat.keep_v1_model_runner(environ)
+    compat.keep_v1_model_runner(environ, found=V033)
     assert environ == {compat.V2_RUNNER_ENV: "0"}
-    compat.keep_v1_model_runner(environ)  # idempotent
+    compat.keep_v1_model_runner(environ, found=V033)  # idempotent
 
 
 def test_a_user_asking_for_v2_gets_a_clear_error():
     with pytest.raises(RuntimeError, match="VLLM_USE_V2_MODEL_RUNNER=1"):
-        compat.keep_v1_model_runner({compat.V2_RUNNER_ENV: "1"})
+        compat.keep_v1_model_runner({compat.V2_RUNNER_ENV: "1"}, found=V033)
 
 
 # ---- CPU worker threads on small machines -----------------------------------------------------
@@ -207,7 +208,8 @@ def test_vllms_thread_binding_reads_the_reserved_cpu_setting(monkeypatch):
     monkeypatch.setenv(compat.RESERVED_CPU_ENV, "0")
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "auto")
     config = SimpleNamespace(
-        parallel_config=SimpleNamespace(local_world_size=1, data_parallel_rank_local=0, _api_process_count=1),
+        parallel_config=SimpleNamespace(local_world_size=1, data_parallel_rank_local=0, _api_process_count=1,
+                                        assigned_physical_gpu_ids=None),  # read from vLLM 0.34 on
         kv_transfer_config=None,
     )
     manager = OMPProcessManager(config)
@@ -255,8 +257,6 @@ def test_on_cuda_the_hook_turns_unset_modes_off_before_vllm_resolves_them(tiny_d
 
 
 # ---- vLLM 0.34: no V1 runners, new records -------------------------------------------------------
-
-V033, V034 = "0.33.0", "0.34.0+cpu"
 
 
 @pytest.mark.parametrize("found, has", [("0.32.0+cpu", True), ("0.33.2", True), ("0.34.0", False), ("0.34.1+cpu", False)])

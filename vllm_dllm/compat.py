@@ -26,6 +26,8 @@ V1_RUNNERS_REMOVED = (0, 34)
 DEFAULT_BLOCK_SIZE = {"cpu": 128, "cuda": 16}
 
 V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+# Names a CPU engine's shared-memory communicator (vLLM 0.34's CPUWorker.init_device sets it).
+DIST_IDENT_ENV = "VLLM_DIST_IDENT"
 
 # vLLM's CPU executor keeps this many cores (default: one per local rank on x86/ARM)
 # out of the worker's OpenMP thread binding, for the engine-core process.
@@ -129,6 +131,29 @@ def runner_output_order(req_ids: list[str], found: str | None = None) -> dict:
     if has_v1_runners(found):
         return dict(req_ids=req_ids, req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)})
     return dict(req_ids=req_ids)
+
+
+def init_cpu_worker_device(worker) -> None:
+    """vLLM 0.34's `CPUWorker.init_device` up to where it builds vLLM's own runner:
+    the device, the distributed group (with the identifier vLLM's CPU communicator
+    reads) and the seed.  Its thread binding happens earlier, at process start.
+    Reviewed against each release's code (vllm_surface.py, REVIEWED)."""
+    import torch
+    from vllm.platforms import current_platform
+    from vllm.utils.torch_utils import set_random_seed
+    from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
+
+    worker.device = torch.device("cpu")
+    init_method = worker.distributed_init_method
+    os.environ[DIST_IDENT_ENV] = (
+        os.path.basename(init_method.removeprefix("file://")) if init_method.startswith("file://")
+        else init_method.split(":")[-1]
+    )
+    init_worker_distributed_environment(
+        worker.vllm_config, worker.rank, worker.distributed_init_method, worker.local_rank,
+        current_platform.dist_backend,
+    )
+    set_random_seed(worker.model_config.seed)
 
 
 def output_rows(model_runner_output) -> dict[str, int]:

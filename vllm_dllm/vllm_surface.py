@@ -182,6 +182,9 @@ NAMES: tuple[Name, ...] = (
     Name("vllm.v1.spec_decode.metrics", "SpecDecodingStats", "metrics"),
     Name("vllm.v1.worker.cpu_worker", "CPUWorker", "worker: subclassed"),
     Name("vllm.v1.worker.gpu_worker", "Worker", "worker: subclassed"),
+    Name("vllm.v1.worker.gpu_worker", "init_worker_distributed_environment", "compat.init_cpu_worker_device",
+         versions=FROM_034),
+    Name("vllm.utils.torch_utils", "set_random_seed", "compat.init_cpu_worker_device", versions=FROM_034),
     Name("vllm.v1.worker.worker_base", "CompilationTimes", "worker/gpu_worker.py"),
     Name("vllm.utils.mem_utils", "memory_profiling", "worker/gpu_worker.py"),
     Name("vllm.distributed.parallel_state", "graph_capture", "worker/runner.py: Reuse graphs under TP"),
@@ -306,6 +309,9 @@ OVERRIDES: tuple[Override, ...] = (
 
 CALLS: tuple[Call, ...] = (
     Call("vllm.logger", "init_logger", 1),
+    Call("vllm.v1.worker.gpu_worker", "init_worker_distributed_environment", 5, (), "compat.init_cpu_worker_device",
+         versions=FROM_034),
+    Call("vllm.utils.torch_utils", "set_random_seed", 1, (), "compat.init_cpu_worker_device", versions=FROM_034),
     Call("vllm.ir.op", "IrOp.register_impl", 1, ("supports_args", "supported", "inplace"),
          "models/cpu_rms_norm.py"),
     Call("vllm.utils.math_utils", "cdiv", 2),
@@ -475,6 +481,11 @@ MEMBERS: tuple[Members, ...] = (
     Members("vllm.v1.worker.gpu_worker", "Worker",
             ("vllm_config", "model_runner", "device", "cache_config", "init_snapshot", "requested_memory")),
     Members("vllm.v1.worker.cpu_worker", "CPUWorker", ("vllm_config", "model_runner")),
+    Members("vllm.v1.worker.cpu_worker", "CPUWorker",
+            ("device", "distributed_init_method", "rank", "local_rank", "model_config"),
+            "compat.init_cpu_worker_device", versions=FROM_034),
+    Members("vllm.platforms.interface", "Platform", ("dist_backend",), "compat.init_cpu_worker_device",
+            versions=FROM_034),
     Members("vllm.plugins.endpoint_plugins.interface", "EndpointPlugin", ("name", "required_tasks"), "frontend"),
     Members("vllm.engine.protocol", "EngineClient", ("model_config",), "frontend"),
     Members("vllm.v1.engine.llm_engine", "LLMEngine",
@@ -532,6 +543,10 @@ LITERALS: tuple[Literal, ...] = (
             "server_config warns that installed logits-processor plugins are not applied", versions=FROM_034),
     Literal("vllm.envs", "VLLM_USE_V2_MODEL_RUNNER", "compat.keep_v1_model_runner keeps the V2 runner off",
             versions=BEFORE_034),
+    Literal("vllm.v1.worker.cpu_worker", "VLLM_DIST_IDENT",
+            "compat.init_cpu_worker_device sets it as CPUWorker.init_device does", versions=FROM_034),
+    Literal("vllm.distributed.device_communicators.cpu_communicator", "VLLM_DIST_IDENT",
+            "vLLM's CPU communicator reads what compat.init_cpu_worker_device sets", versions=FROM_034),
     Literal("vllm.envs", "VLLM_CPU_NUM_OF_RESERVED_CPU",
             "server_config gives the CPU worker every core of a small machine"),
 )
@@ -593,7 +608,10 @@ REVIEWED: tuple[Reviewed, ...] = (
         "vllm.v1.worker.cpu_worker", "CPUWorker.init_device",
         {"0.32": "f3495bdcec2a", "0.33": "f3495bdcec2a", "0.34": "b96a06e4ec2b"},
         "builds vLLM's runner last; DiffusionCPUWorker replaces it right after; 0.34 builds the "
-        "V2 CPU runner (or the standalone one off x86) where 0.33 chose by the V1/V2 switch",
+        "V2 CPU runner (or the standalone one off x86) where 0.33 chose by the V1/V2 switch, and that "
+        "runner needs triton-cpu: compat.init_cpu_worker_device repeats the set-up before it (device, "
+        "VLLM_DIST_IDENT, the distributed group, the seed; not its LD_PRELOAD hints nor its lock on "
+        "torch.set_num_threads) and builds no vLLM runner",
     ),
     Reviewed(
         "vllm.v1.worker.cpu_worker", "CPUWorker.compile_or_warm_up_model",
