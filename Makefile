@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 TINY_MODEL := .cache/tiny-model
 
-.PHONY: setup test vllm-surface serve serve-tiny bench clean
+.PHONY: setup test vllm-surface serve serve-llada2 serve-tiny bench clean
 
 setup: $(STAMP)
 
@@ -32,6 +32,12 @@ vllm-surface: setup
 # The embedded default: the small task model trained by vllm_dllm.tools.train.
 serve: setup
 	VLLM_PLUGINS=dllm $(BIN)/vllm serve $$($(BIN)/python -m vllm_dllm.default_model) --served-model-name vllm-dllm-task \
+		--host $(HOST) --port $(PORT) \
+		--max-model-len 512 --kv-cache-memory-bytes 268435456 --gpu-memory-utilization 0.3
+
+# The shipped LLaDA2-format task model (block diffusion, vllm_dllm/llada2_model).
+serve-llada2: setup
+	VLLM_PLUGINS=dllm $(BIN)/vllm serve $$($(BIN)/python -m vllm_dllm.llada2_model) --served-model-name vllm-dllm-llada2 \
 		--host $(HOST) --port $(PORT) \
 		--max-model-len 512 --kv-cache-memory-bytes 268435456 --gpu-memory-utilization 0.3
 

@@ -7,6 +7,7 @@ tokenizer or the chat frame fails, and numerics that differ by CPU do not."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -32,10 +33,10 @@ def runner():
 
 
 def test_shipped_checkpoint_is_a_llada2_checkpoint_that_carries_its_run():
-    config = json.loads((PATH / "config.json").read_text())
+    config = json.loads((Path(PATH) / "config.json").read_text())
     assert config["architectures"] == ["LLaDA2MoeModelLM"] and config["model_type"] == "llada2_moe"
-    assert (PATH / "model.safetensors").stat().st_size < 32 << 20
-    levels = json.loads((PATH / CURRICULUM_FILE).read_text())["levels"]
+    assert (Path(PATH) / "model.safetensors").stat().st_size < 32 << 20
+    levels = json.loads((Path(PATH) / CURRICULUM_FILE).read_text())["levels"]
     # Training-only tasks the run also learned (padded_sum) carry their levels too.
     assert set(TASK_GROUPS["every"]) <= set(levels)
 

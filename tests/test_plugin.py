@@ -256,3 +256,37 @@ def test_kv_gauges_read_zero_once_nothing_runs(tiny_dirs):
     assert logger.gauges["kv_slots"]._value.get() == 17
     logger.record(SchedulerStats(num_running_reqs=0), None)
     assert logger.gauges["kv_slots"]._value.get() == 0 and logger.gauges["kv_dense_slots"]._value.get() == 0
+
+
+def test_the_cuda_extra_asks_for_the_two_newest_supported_releases():
+    """`pip install -e ".[cuda]"` takes the newest vLLM the support window has (an
+    existing deployment of the release before it keeps its vLLM); the CPU extra stays
+    on the newest CPU wheel on the package index."""
+    import tomllib
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+
+    extras = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())[
+        "project"]["optional-dependencies"]
+    (cuda,) = [Requirement(r) for r in extras["cuda"]]
+    (low_major, low_minor), (high_major, high_minor) = compat.SUPPORTED
+    newest, previous = f"{high_major}.{high_minor - 1}", f"{high_major}.{high_minor - 2}"
+    assert cuda.name == "vllm"
+    assert cuda.specifier.contains(f"{newest}.0") and cuda.specifier.contains(f"{newest}.3")
+    assert cuda.specifier.contains(f"{previous}.0")
+    assert not cuda.specifier.contains(f"{high_major}.{high_minor}.0")
+    assert not cuda.specifier.contains(f"{high_major}.{high_minor - 3}.0")
+    cpu = [Requirement(r) for r in extras["cpu"] if r.startswith("vllm")]
+    assert [str(r.specifier) for r in cpu] == [f"=={low_major}.{low_minor}.0"]
+
+
+@pytest.mark.parametrize("module", ["vllm_dllm.default_model", "vllm_dllm.llada2_model"])
+def test_shipped_model_paths_are_model_names_vllm_takes(module):
+    """`LLM(model=vllm_dllm.default_model.PATH)`: vLLM's model argument is a str (a
+    pathlib.Path failed inside its config code)."""
+    import importlib
+
+    path = importlib.import_module(module).PATH
+    assert isinstance(path, str) and os.path.isfile(os.path.join(path, "config.json"))
+    EngineArgs(model=path, skip_tokenizer_init=True).create_model_config()

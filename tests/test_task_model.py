@@ -18,6 +18,7 @@ import random
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -49,11 +50,11 @@ def runner():
 
 
 def test_shipped_checkpoint_is_a_llada_checkpoint_with_a_task_sized_canvas():
-    config = json.loads((PATH / "config.json").read_text())
+    config = json.loads((Path(PATH) / "config.json").read_text())
     assert config["architectures"] == ["LLaDAModelLM"]
-    generation = json.loads((PATH / "generation_config.json").read_text())
+    generation = json.loads((Path(PATH) / "generation_config.json").read_text())
     assert generation["max_new_tokens"] == max(t.gen_length for t in TASKS.values())
-    assert (PATH / "model.safetensors").stat().st_size < 16 << 20
+    assert (Path(PATH) / "model.safetensors").stat().st_size < 16 << 20
 
 
 @pytest.mark.parametrize("name", sorted(EXACT_FLOORS))
@@ -80,8 +81,8 @@ def test_plugin_matches_the_oracle_on_the_trained_model(runner, cache):
     # real trained weights (float32 on both sides), exact and with the dual cache.
     from vllm import SamplingParams
 
-    config = json.loads((PATH / "config.json").read_text())
-    eot, eos = json.loads((PATH / "generation_config.json").read_text())["eos_token_id"]
+    config = json.loads((Path(PATH) / "config.json").read_text())
+    eot, eos = json.loads((Path(PATH) / "generation_config.json").read_text())["eos_token_id"]
     model = oracle_model.load_oracle(str(PATH))
 
     def compare_draw(draw: int) -> int:
@@ -126,7 +127,7 @@ def test_answers_stay_right_on_other_canvas_lengths(runner, name, length):
 
 def test_default_canvas_is_the_generation_config_one():
     # What a chat request without max_tokens gets, and the longest length tested above.
-    generation = json.loads((PATH / "generation_config.json").read_text())
+    generation = json.loads((Path(PATH) / "generation_config.json").read_text())
     assert generation["max_new_tokens"] == 56 == max(length for _, length in OTHER_LENGTHS)
 
 
@@ -135,7 +136,7 @@ def test_autotokenizer_loads_the_shipped_model_without_remote_code(runner):
     # AutoConfig ask interactively whether to run configuration_llada.py.  In a clean
     # process (no plugin registration) with no stdin, nothing may ask, and the
     # tokenizer must encode a chat prompt exactly as the served engine does.
-    config = json.loads((PATH / "config.json").read_text())
+    config = json.loads((Path(PATH) / "config.json").read_text())
     assert "auto_map" not in config
     code = (
         "import json, sys\n"

@@ -4,6 +4,7 @@ The folder is an unmodified LLaDA checkpoint: `vllm serve <PATH>` serves it.
 `python -m vllm_dllm.default_model` prints the path.
 """
 
-import pathlib
+import os
 
-PATH = pathlib.Path(__file__).resolve().parent
+# A str, as vLLM takes a model name or path (`LLM(model=PATH)`, `vllm serve PATH`).
+PATH = os.path.dirname(os.path.realpath(__file__))

@@ -11,6 +11,7 @@ addition (README, issue 27).
 `python -m vllm_dllm.llada2_model` prints the path.
 """
 
-import pathlib
+import os
 
-PATH = pathlib.Path(__file__).resolve().parent
+# A str, as vLLM takes a model name or path (`LLM(model=PATH)`, `vllm serve PATH`).
+PATH = os.path.dirname(os.path.realpath(__file__))
