@@ -385,12 +385,22 @@ MEMBERS: tuple[Members, ...] = (
         (
             "vllm_config", "cache_config", "kv_cache_manager", "requests", "running", "waiting", "policy",
             "max_num_scheduled_tokens", "max_num_running_reqs", "max_model_len", "log_stats",
-            "finished_req_ids", "reset_preempted_req_ids", "deferred_waiting",
+            "finished_req_ids", "reset_preempted_req_ids", "deferred_waiting", "structured_output_manager",
+            "grammar_compile_error_reqs",
         ),
         "scheduler reads (and resets finished_req_ids and reset_preempted_req_ids, and discards "
         "admitted requests from deferred_waiting) as vLLM's own schedule() does",
     ),
     Members("vllm.v1.core.kv_cache_manager", "KVCacheManager", ("block_pool", "enable_caching")),
+    # Structured outputs (scheduler/grammar.py, scheduler.py): the grammar objects are
+    # driven directly, the manager only lends its tokenizer and bitmask allocator.
+    Members("vllm.v1.structured_output", "StructuredOutputManager", ("tokenizer", "backend")),
+    Members("vllm.v1.structured_output.backend_types", "StructuredOutputGrammar",
+            ("accept_tokens", "validate_tokens", "rollback", "fill_bitmask", "is_terminated")),
+    Members("vllm.v1.structured_output.backend_types", "StructuredOutputBackend", ("allocate_token_bitmask",)),
+    Members("vllm.v1.structured_output.request", "StructuredOutputRequest", ("grammar",)),
+    Members("vllm.v1.request", "Request", ("use_structured_output", "structured_output_request")),
+    Members("vllm.v1.request", "RequestStatus", ("WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR", "WAITING")),
     Members("vllm.ir.op", "IrOp", ("register_impl", "impls"), "models/cpu_rms_norm.py: the CPU RMSNorm provider"),
     Members("vllm.platforms.interface", "CpuArchEnum", ("X86",), "models/cpu_rms_norm.py"),
     Members("vllm.config.kernel", "IrOpPriorityConfig", ("rms_norm", "fused_add_rms_norm"),
@@ -418,6 +428,7 @@ MEMBERS: tuple[Members, ...] = (
             "max_tokens", "temperature", "top_p", "top_k", "extra_args", "seed", "logit_bias", "logprobs",
             "prompt_logprobs", "structured_outputs", "allowed_token_ids", "bad_words", "min_p",
             "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "output_kind", "n",
+            "all_stop_token_ids", "ignore_eos",
         ),
         "options.resolve, validation, runner",
     ),

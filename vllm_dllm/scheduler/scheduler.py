@@ -389,7 +389,9 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             new = model_runner_output.sampled_token_ids[index]
             if not new or request.structured_output_request.grammar.is_terminated():
                 continue
-            valid = self.structured_output_manager.validate_tokens(request, list(new))
+            # The grammar's own check: the manager's wrapper became a speculative-decoding
+            # trim in vLLM 0.34 (it keeps one token past the valid prefix).
+            valid = request.structured_output_request.grammar.validate_tokens(list(new))
             if len(valid) == len(new):
                 continue
             params = request.sampling_params
