@@ -53,6 +53,7 @@ CASES = [
     Case("2.0, one past a block, steps > block", 9, 20, {"block_length": 8, "threshold": 0.5}),
     Case("2.0, defaults (block 32, steps 32, threshold 0.95)", 19, 30, {}),
     Case("2.0, several prompt blocks", 27, 12, {"block_length": 8, "steps": 8, "threshold": 0.7}),
+    Case("2.0, threshold 0: a block's masks commit at once", 6, 16, {"block_length": 8, "steps": 8, "threshold": 0.0}),
     Case("2.1, quality mode", 13, 20, {"block_length": 8, "mode": "quality"}),
     Case("2.1, speed mode", 3, 12, {"block_length": 8, "mode": "speed"}),
     Case("2.1, the signature's defaults", 8, 16, {"block_length": 8, "editing_threshold": 0.9}),

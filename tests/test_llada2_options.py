@@ -120,7 +120,7 @@ def test_block_causal_phases():
     ({"num_to_transfer": 0}, "diffusion option 'num_to_transfer' must be a positive integer, got 0"),
     ({"max_post_steps": -1}, "diffusion option 'max_post_steps' must lie in [0, 256], got -1"),
     ({"max_post_steps": 10**9}, "diffusion option 'max_post_steps' must lie in [0, 256], got 1000000000"),
-    ({"threshold": 0}, "diffusion option 'threshold' must lie in (0, 1], got 0"),
+    ({"threshold": float("nan")}, "diffusion option 'threshold' must be a finite number, got nan"),
     ({"block_length": 0}, "diffusion option 'block_length' must be a positive integer, got 0"),
     ({"minimal_topk": 50}, "minimal_topk=50 is more than the generation length (max_tokens=40)"),
     ({"eos_early_stop": "yes"}, "diffusion option 'eos_early_stop' must be bool, got str 'yes'"),
@@ -129,6 +129,24 @@ def test_refusals_name_the_problem(extra, message):
     with pytest.raises(OptionError) as error:
         options(extra)
     assert message in str(error.value)
+
+
+@pytest.mark.parametrize("threshold", [0, 0.0, -0.5, 1.0, 1.5])
+def test_every_threshold_the_official_generate_takes_is_accepted(threshold):
+    """The official generate() commits the masks whose confidence exceeds `threshold`,
+    whatever its value: 0 (or less) commits a block's masks at once, above 1 the quota
+    alone decides."""
+    assert options({"threshold": threshold}).threshold == threshold
+    assert options(server={"threshold": threshold}).threshold == threshold
+
+
+def test_llada_keeps_its_own_threshold_range():
+    from vllm_dllm.options import LLADA
+
+    defaults = ServerDefaults.build(LLADA, {}, {})
+    with pytest.raises(OptionError, match=r"'threshold' must lie in \(0, 1\], got 0"):
+        resolve(defaults, max_tokens=16, temperature=0.0, top_p=1.0, top_k=0,
+                extra_args={"decoding": "threshold", "threshold": 0})
 
 
 def test_parallel_decoding_takes_llada_keys_and_the_official_threshold():

@@ -166,15 +166,18 @@ def _no_range_problem(key: str, value: Any, prefix: str = "") -> str | None:
     return None
 
 
-def _range_problem(key: str, value: Any, prefix: str = "", family: RangeProblem = _no_range_problem) -> str | None:
+def _range_problem(key: str, value: Any, prefix: str = "", family: RangeProblem = _no_range_problem,
+                   own: frozenset[str] = frozenset()) -> str | None:
     """Why a well-typed option value is out of range, as one sentence, or None.
 
-    Checks the keys every family shares, then hands the rest to `family` (the
-    family's own range check, Family.range_problem).  `prefix` names where the
-    option was set ("" for a request)."""
+    Checks the keys every family shares, then hands the rest, and the shared keys in
+    `own` (Family.own_ranges), to `family` (the family's own range check,
+    Family.range_problem).  `prefix` names where the option was set ("" for a request)."""
     option = f"{prefix}diffusion option '{key}'"
     if isinstance(value, float) and not math.isfinite(value):
         return f"{option} must be a finite number, got {value}"
+    if key in own:
+        return family(key, value, prefix)
     if key in ("steps", "block_length") and value <= 0:
         return f"{option} must be a positive integer, got {value}"
     # The value the user typed first, then what is allowed.
@@ -382,6 +385,8 @@ class Family:
     paper_defaults: dict[str, Any]
     resolve: Callable[[ResolveInput], Any]
     range_problem: RangeProblem = _no_range_problem
+    # Shared keys whose range is the family's own (its reference accepts other values).
+    own_ranges: frozenset[str] = frozenset()
     sampling_field_problem: Callable[[str, Any], str | None] = _no_sampling_field_problem
     # One level's options with shorthands spelled out (LLaDA2's modes), applied to each
     # level before it is merged over the one below.

@@ -211,5 +211,8 @@ FAMILY = Family(
     paper_defaults=LLADA2_DEFAULTS,
     resolve=resolve_llada2,
     range_problem=_range_problem,
+    # The official generate() compares confidences with any threshold: at or below 0
+    # every masked position of the block commits at once, above 1 the quota alone decides.
+    own_ranges=frozenset({"threshold"}),
     expand=expand_mode,
 )

@@ -77,7 +77,7 @@ def check_overrides(kind: str, values: dict[str, Any], prefix: str = "") -> dict
         if key not in allowed:
             raise OptionError(_unknown_key(kind, key, prefix))
         _check_type(key, value, allowed[key], prefix)
-        problem = _range_problem(key, value, prefix, family.range_problem)
+        problem = _range_problem(key, value, prefix, family.range_problem, family.own_ranges)
         if problem:
             raise OptionError(problem)
     return dict(values)
@@ -100,7 +100,7 @@ def defaults_from_generation_config(kind: str, gen_config: dict[str, Any]) -> di
             _check_type(key, value, keys[key])
         except OptionError:
             continue
-        if _range_problem(key, value, "", family.range_problem) is None:
+        if _range_problem(key, value, "", family.range_problem, family.own_ranges) is None:
             out[key] = value
     return out
 
