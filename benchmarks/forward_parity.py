@@ -1,5 +1,5 @@
 """The plugin against the plain loop, each generate split into the model's forward and
-everything else, in one process, interleaved (issue 28: where the targets' time goes).
+everything else, in one process, interleaved (where a step's time goes).
 
     python benchmarks/forward_parity.py --out benchmarks/results/plain-loop/forward-parity/n1
     python benchmarks/forward_parity.py --num-requests 32 --out .../n32   # plain loop: batches of 8

@@ -1,5 +1,5 @@
-"""How often LLaDA2.1's token edits fix or break a token, against the answer (issue 27's
-measurement), on an LLaDA2-format task model.
+"""How often LLaDA2.1's token edits fix or break a token, against the answer,
+on an LLaDA2-format task model.
 
     python -m vllm_dllm.tools.train --arch llada2 --out runs/llada2-run1 --export /tmp/llada2-model
     python benchmarks/llada2_edits.py --model /tmp/llada2-model --n 30 --out benchmarks/results/llada2-edits

@@ -1,5 +1,5 @@
 """Accuracy against forwards per token for LLaDA2's decoding rules, on an LLaDA2-format
-task model (issue 27's measurement).
+task model.
 
     python benchmarks/llada2_rules.py --model DIR --n 200 --out benchmarks/results/llada2-rules
     python -m vllm_dllm.tools.train --out runs/llada2-run1 --export /tmp/llada2-model   # DIR from a run
@@ -12,7 +12,7 @@ hierarchy, credit) inside LLaDA2's blocks.  Reported per (setting, task): exact 
 with its 95% interval, forwards per generated token (the plugin's denoising-step
 counter over the tokens returned: one forward per step per request) and tokens the
 step rewrote by editing, per request (the edited-tokens counter).  The separation
-check of issue 27: on each task, threshold 0.5 against 0.95 (the default), in points,
+check: on each task, threshold 0.5 against 0.95 (the default), in points,
 with the instances only one of them gets right and an exact McNemar test of that split
 (both settings decode the same instances, so the pairing is far tighter than the two
 intervals).
@@ -64,7 +64,7 @@ def write_table(rows: list[dict], out: pathlib.Path) -> None:
             cells.append(f"{r['accuracy']:.1%} [{low:.0%}, {high:.0%}] / {r['steps_per_token']:.2f} / "
                          f"{r['edits_per_request']:.1f}")
         lines.append(f"| {setting} | " + " | ".join(cells) + " |")
-    lines += ["", f"Separation (issue 27: `{LOOSE}` at least 5 points below `{DEFAULT}` on a new task):", ""]
+    lines += ["", f"Separation (`{LOOSE}` at least 5 points below `{DEFAULT}` on a new task):", ""]
     for task in tasks:
         default, loose = by_key.get((DEFAULT, task)), by_key.get((LOOSE, task))
         if default and loose:

@@ -106,7 +106,7 @@ def main(argv=None) -> int:
                     help="a LLaDA2 training state (state.pt, its run's tokenizer/ beside it); repeat to compare")
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--width", type=int, default=None,
-                    help="write the working padded to this width (multiply's layout since session 41: 6); plain if unset")
+                    help="write the working padded to this width (multiply's layout: 6); plain if unset")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=pathlib.Path, default=None)
     args = ap.parse_args(argv)

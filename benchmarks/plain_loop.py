@@ -1,6 +1,5 @@
 """The plugin against a Fast-dLLM-style plain batched loop on the shipped task model, at
-equal work, one request at a time and 32 concurrent, quiet and beside a busy neighbour
-(issue 28).
+equal work, one request at a time and 32 concurrent, quiet and beside a busy neighbour.
 
     python benchmarks/plain_loop.py --out benchmarks/results/plain-loop [--repeats 3] [--batch 8] \
         [--dtype float32|bfloat16] [--orders length,arrival]

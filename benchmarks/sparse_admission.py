@@ -1,4 +1,4 @@
-"""Requests admitted concurrently at a fixed KV pool: sparse KV cache vs dual (issue 12).
+"""Requests admitted concurrently at a fixed KV pool: sparse KV cache vs dual.
 
     python benchmarks/sparse_admission.py --out benchmarks/results/sparse-admission
 
@@ -181,7 +181,7 @@ def write_report(result: dict, out: pathlib.Path) -> None:
         "`num_running_reqs` (vllm:num_requests_running), peak KV = max of `kv_cache_usage` "
         "(vllm:kv_cache_usage_perc) times the pool's blocks.",
         "",
-        "Formula (issue 12): admitted = pool / (ceil(r (L - b)) + b) slots, dual: pool / L; with whole "
+        "Formula: admitted = pool / (ceil(r (L - b)) + b) slots, dual: pool / L; with whole "
         "KV blocks (what the scheduler reserves): pool_blocks // ceil(slots / block_size).",
         "",
     ]

@@ -24,7 +24,7 @@ every measured step is an in-block step); ideal: the same forward of the last bl
 over dense K/V with an argmax head.  The body is the same dense stand-in: LLaDA2's MoE
 runs in vLLM's FusedMoE, the same kernel for ours and an ideal step, so it is left out.
 
-Sparse vs dense Reuse attention (issue 12): one layer's attention of a Reuse step of
+Sparse vs dense Reuse attention: one layer's attention of a Reuse step of
 16 requests x 32-query blocks over a context L, dense (cache dual: each query block
 attends over all L positions) against sparse (cache sparse, retention 0.3: over the
 kept + 32 slots).  Both go through the engine's own path: StepEngine.layout() for

@@ -1,4 +1,4 @@
-"""Grammar-constrained LLaDA decoding written from its definition (issue 25), a plain
+"""Grammar-constrained LLaDA decoding written from its definition, a plain
 loop over the oracle model that shares no code with the plugin.
 
 LLaDA's `generate` (no cache, fixed schedule, low-confidence remasking, T = 0) over

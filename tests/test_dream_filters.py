@@ -1,4 +1,4 @@
-"""Dream's top-k / top-p at temperature 0 (issue 14): every route reaches the rule.
+"""Dream's top-k / top-p at temperature 0: every route reaches the rule.
 
 vLLM resets `top_k`/`top_p` of a greedy request to neutral values in
 `SamplingParams.__post_init__`, yet Dream's `diffusion_generate` renormalises its

@@ -150,7 +150,7 @@ def test_default_max_tokens_is_filled_in_when_unset():
 
 
 def test_client_error_logs_one_info_line_server_errors_keep_their_traceback():
-    """Issue 28: the filter init_state puts on vLLM's stream-generator loggers."""
+    """The filter init_state puts on vLLM's stream-generator loggers."""
     import logging
     from types import SimpleNamespace
 

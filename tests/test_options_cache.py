@@ -11,7 +11,7 @@ from vllm_dllm.options import OptionError
 
 
 # ---------------------------------------------------------------------------
-# KV-cache knobs without a cache (issue 15)
+# KV-cache knobs without a cache
 # ---------------------------------------------------------------------------
 
 
@@ -36,7 +36,7 @@ def test_cache_knobs_of_the_server_do_not_blame_a_request_without_cache():
 
 
 # ---------------------------------------------------------------------------
-# top_k / top_p: refused for LLaDA, every route reaches Dream's rule (issue 14, 15)
+# top_k / top_p: refused for LLaDA, every route reaches Dream's rule
 # ---------------------------------------------------------------------------
 
 
@@ -87,7 +87,7 @@ def test_dream_server_filter_defaults_go_through_vllm():
 
 
 # ---------------------------------------------------------------------------
-# Messages: one sentence naming the option, the value and what is allowed (issue 15)
+# Messages: one sentence naming the option, the value and what is allowed
 # ---------------------------------------------------------------------------
 
 

@@ -241,7 +241,7 @@ def test_diffusion_metrics_only_for_our_architectures(tmp_path, tiny_dirs):
 
 
 def test_kv_gauges_read_zero_once_nothing_runs(tiny_dirs):
-    """Issue 28: a step's gauges count what runs after it; a stats report of a step
+    """A step's gauges count what runs after it; a stats report of a step
     that ran nothing (clearing finished or aborted requests) sets 0 when nothing runs."""
     from vllm.v1.metrics.stats import SchedulerStats
 

@@ -78,7 +78,7 @@ def test_readme_has_task_model_examples():
     text = README.read_text()
     bodies = curl_bodies(text)
     # The quickstart's request, one without max_tokens (the server's default canvas)
-    # and one with diffusion options: the cases issue 15 found answered wrongly.
+    # and one with diffusion options: the default canvas and the options must reach the model.
     assert len(bodies) >= 3
     assert any("max_tokens" not in b for b in bodies)
     assert any("vllm_xargs" in b for b in bodies)

@@ -133,7 +133,7 @@ def wait_kv_gauges_zero(client, server, seconds: float = 15.0) -> None:
 def test_metrics_show_a_sparse_request_kv_footprint(server, client):
     """A sparse request holds its kept positions plus its block; the gauges show it
     next to what the dense cache would hold while it runs, 0 once nothing runs
-    (issue 28), and its Reuse steps are counted."""
+    and its Reuse steps are counted."""
     wait_idle(client, server)
     before = metrics(client)
     # 30 blocks of 8, so the request still runs when the first block has streamed.
@@ -161,7 +161,7 @@ def test_metrics_show_a_sparse_request_kv_footprint(server, client):
 
 
 def test_kv_gauges_fall_to_zero_after_an_abort(server, client):
-    """Issue 28: with nothing running the gauges read 0, also when the last request
+    """With nothing running the gauges read 0, also when the last request
     was aborted (the engine then runs no denoising step, only clears it)."""
     wait_idle(client, server)
     # ignore_eos and 240 steps: the request runs long enough to be seen running.

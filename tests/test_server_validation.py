@@ -135,7 +135,7 @@ _STREAM_SPECIFIC = {"beam-search", "empty-token-prompt", "prompt_logprobs", "lik
     ids=[b[0] for b in BAD_REQUESTS if b[0] not in _STREAM_SPECIFIC],
 )
 def test_streaming_bad_request_is_the_same_400(server, client, path, body, words):
-    """Issue 15: a refused streaming request is an HTTP 400 with the non-streaming
+    """A refused streaming request is an HTTP 400 with the non-streaming
     body, not a 200 whose first event is the error."""
     url = "/v1/chat/completions" if path == "chat" else "/v1/completions"
     plain = post(client, server, url, _bad_body(path, body), expect=None)
@@ -147,7 +147,7 @@ def test_streaming_bad_request_is_the_same_400(server, client, path, body, words
 
 @pytest.mark.parametrize("path", ["completions", "chat"])
 def test_refused_stream_logs_one_line_not_a_traceback(server, client, path):
-    """Issue 28: vLLM's stream generator logs the refusal with logger.exception (a
+    """vLLM's stream generator logs the refusal with logger.exception (a
     30-line ERROR traceback); the plugin's log filter leaves one INFO line, as a
     refused non-streaming request (its access line only) gets."""
     url = "/v1/chat/completions" if path == "chat" else "/v1/completions"
@@ -207,7 +207,7 @@ def test_canvas_is_clamped_to_the_context_like_every_vllm_model(server, client):
 
 
 def test_max_tokens_over_the_context_is_lowered_not_refused(server, client, tokenizer):
-    """Issue 15: max_tokens <= max_model_len with prompt + max_tokens > max_model_len
+    """max_tokens <= max_model_len with prompt + max_tokens > max_model_len
     is accepted and the canvas lowered to max_model_len - prompt (vLLM's front end,
     for every model; README "Serving").  With EOS suppressed the whole lowered canvas
     comes back, so its length is observable."""

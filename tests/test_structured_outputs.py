@@ -1,4 +1,4 @@
-"""Structured outputs under diffusion decoding (issue 25): vLLM's grammars enforced
+"""Structured outputs under diffusion decoding: vLLM's grammars enforced
 at the frontier, rejected final tokens returned to the mask, forced tokens
 committed without a step.
 

@@ -110,7 +110,7 @@ def test_plugin_matches_the_oracle_on_the_trained_model(runner, cache):
 # Canvas lengths other than each task's own (8 for retrieval and addition, 56 for copy
 # and reverse): a request asks for whatever max_tokens it likes, and one without gets
 # the model's max_new_tokens (56).  The model must fill the rest of a longer canvas
-# with end-of-text (issue 15: `add 9+3=` on 56 positions gave `NE`).  Copy and reverse
+# with end-of-text (else `add 9+3=` on 56 positions can read `NE`).  Copy and reverse
 # run on the instances that fit: exactly 16 symbols at 16, 16-32 at 32.
 OTHER_LENGTHS = [(name, length) for name in ("retrieval", "addition") for length in (16, 32, 56)] + [
     (name, length) for name in ("copy", "reverse") for length in (16, 32)
@@ -162,7 +162,7 @@ def test_eval_writes_results_only_when_asked():
 
 
 def test_constrained_answers_parse_and_stay_right(runner):
-    """Structured outputs on the trained model (issue 25): a regex in the answer's own
+    """Structured outputs on the trained model: a regex in the answer's own
     format keeps the answers right, and a JSON schema wrapping the answer (a format
     the model never saw; its keys are forced) always parses."""
     from vllm import SamplingParams

@@ -93,7 +93,7 @@ def test_char_score_gives_positional_partial_credit():
 
 # ---------------------------------------------------------------------------------------
 # The four original tasks are pinned (the shipped model is trained and measured on
-# exactly these instances); the harder tasks of issue 27 are seeded, split and checked.
+# exactly these instances); the harder tasks are seeded, split and checked.
 # ---------------------------------------------------------------------------------------
 
 # sha256 (first 16 hex digits) of 10 instances per task, alternating splits, seed 2024,

@@ -15,7 +15,7 @@ eval learns which it is from the server's vllm:diffusion_decoding_info series on
 /metrics (a server without it is taken for an exact one).
 
 `--task all` is the original four tasks (those the shipped model was trained on);
-`hard` the four of issue 27 (sort, multiply, chain, brackets); `every` both; or a
+`hard` the four harder ones (sort, multiply, chain, brackets); `every` both; or a
 comma-separated list of names.
 
 Each task is decoded on its own canvas length (`Task.gen_length`), at least one block

@@ -20,7 +20,7 @@ after 2500 retrieval steps it still answered at chance.)
 `TASKS` holds those four: the shipped LLaDA-format model was trained on them and is
 measured on them (`--task all`).  `HARD_TASKS` holds four whose answers take several
 dependent steps, so that committing many tokens at once goes wrong unless the model is
-sure (issue 27: tasks that rank decoding rules):
+sure (tasks that rank decoding rules):
   sort       "sort 52 7 913 40"                                  -> "7 40 52 913"
   multiply   "mul 4821*97="                                      -> "033747+433890=467637"
   chain      "chain\\n;ab=C;cd=E;ef=C\\n;C=XY;E=GH\\nfollow;ab=" -> "C=XY"
@@ -29,11 +29,11 @@ Sort: where each number lands depends on every other one, and on the widths of t
 numbers before it.  Multiply: every digit of the product depends on the carries of the
 digits right of it; under a two-digit multiplier the answer writes its working first, the
 two partial products (a by the units digit, a by the tens digit times ten) and then their
-sum, so the sum's digits depend on answer tokens decoded before them.  (Until session 38
-the product was written alone: an 8-layer model did not learn to sum two partial products
-inside one digit's computation, whatever its training, docs/training-log.md sessions 30-37;
+sum, so the sum's digits depend on answer tokens decoded before them.  (Written alone,
+the product was not learned: an 8-layer model did not learn to sum two partial products
+inside one digit's computation, whatever its training, docs/training-log.md;
 `Multiply(working=False)` still draws that format, and `score` still takes the
-product written alone as right: `accepted_answers`.  Since session 41 the working's three
+product written alone as right: `accepted_answers`.  The working's three
 numbers are padded to six digits, so a sum digit stands a fixed distance after the two it
 adds; the unpadded working still scores right.)  Chain (two-hop retrieval): a link's value names a hub, whose
 value is two capitals; the answer is the hub then its value, so the value depends on
@@ -42,7 +42,7 @@ token is one other tasks answer with too.  Two earlier formats named the hub by 
 lowercase-pair key: written bare ("cd") in the link it is another token than the key
 (";cd="), and written as the key the answer must output one of 676 key tokens.  Either
 way the model had 676 pairings (of tokens, or of output rows) to learn from about one
-row each, and did not (docs/training-log.md, session 18).
+row each, and did not (docs/training-log.md).
 Brackets: the closers of the brackets left open, innermost first.  Answers use digits,
 capitals, spaces, "=", "+" and bracket characters, one token each under the task tokenizer.
 
@@ -339,7 +339,7 @@ class WorkingSum(Task):
     or scored), so the sum can only be read from the answer, one position after its
     "=", as a multiply answer's sum is.  The LLaDA2-format model adds the prompt's
     numbers at 0.95 per digit and the same numbers written in multiply's answer at
-    0.2 in the tens and hundreds (docs/training-log.md, session 40).  Half the second
+    0.2 in the tens and hundreds (docs/training-log.md).  Half the second
     numbers end in 0, as a tens partial product does.  Its prompt is the same for every
     instance, so the split goes by the answer."""
 
@@ -445,9 +445,9 @@ class Brackets(Task):
         return Instance(self.name, "close " + "".join(text), "".join(BRACKETS[b] for b in reversed(stack)))
 
 
-# Harder tasks (issue 27): not part of `TASKS`, which the shipped model was trained on.
+# Harder tasks: not part of `TASKS`, which the shipped model was trained on.
 # Multiply pads its working: the in-answer sum came at 0.99 a digit padded against 0.85 plain
-# over the same steps (docs/training-log.md, session 41).
+# over the same steps (docs/training-log.md).
 HARD_TASKS: dict[str, Task] = {t.name: t for t in (Sort(), Multiply(width=6), Chain(), Brackets())}
 # Tasks that train a mechanism another task needs; named alone, in no group.
 AUX_TASKS: dict[str, Task] = {t.name: t for t in (Lookup(), Recall(), WorkingSum(), PaddedWorkingSum())}
@@ -465,7 +465,7 @@ def get_task(name: str) -> Task:
 
 
 def resolve_tasks(text: str) -> list[Task]:
-    """`all` (the original four), `hard` (the four of issue 27), `every` (both), or a
+    """`all` (the original four), `hard` (the four harder ones), `every` (both), or a
     comma-separated list of task names and groups, in order, without repeats."""
     names: list[str] = []
     for part in filter(None, (p.strip() for p in text.split(","))):

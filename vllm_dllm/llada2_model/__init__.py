@@ -1,5 +1,5 @@
-"""The LLaDA2-format task model shipped with the plugin (issue 27: trained by
-`vllm_dllm.tools.train --arch llada2`, docs/training-log.md, sessions 23-43).
+"""The LLaDA2-format task model shipped with the plugin (trained by
+`vllm_dllm.tools.train --arch llada2`; docs/training-log.md).
 
 The folder is an unmodified LLaDA2.x checkpoint (llada2_moe, 8 layers, 14.03M parameters of which
 7.07M are active per token, bf16):
@@ -7,7 +7,7 @@ The folder is an unmodified LLaDA2.x checkpoint (llada2_moe, 8 layers, 14.03M pa
 run that wrote it, so `train --arch llada2 --init-from <PATH>` continues that run on any
 machine.  Its held-out accuracy is in benchmarks/results/llada2-shipped/; `make serve`
 serves the LLaDA-format model (vllm_dllm.default_model), which is ahead of this one on
-addition (README, issue 27).
+addition (README).
 `python -m vllm_dllm.llada2_model` prints the path.
 """
 

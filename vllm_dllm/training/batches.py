@@ -68,7 +68,7 @@ def canvas_length(answer_tokens: int, task: Task, max_canvas: int, own_share: fl
     from the answer's length (no room for <|eot_id|>: the canvas ends with the answer)
     up to `max_canvas`.  A real LLaDA fills whatever canvas a request asks for with
     end-of-text after its answer; a model trained at one length per task does not
-    (issue 15: `add 9+3=` on the server's default 56-position canvas gave `NE`)."""
+    (without it, `add 9+3=` on the server's default 56-position canvas gave `NE`)."""
     if max_canvas <= 0 or rng.random() < own_share:
         return task.gen_length
     return rng.randint(answer_tokens, max(answer_tokens, max_canvas))
