@@ -2,7 +2,10 @@
 oracle's generate() (tests/oracle_llada2.py: a plain whole-window forward with the
 block-causal mask at every step, no cache), batched and one at a time, under the
 official rule and the parallel rules (`decoding`); and no forward is spent on the K/V
-of a finished block: a request runs exactly the reference's forwards.
+of a finished block: a request runs exactly the reference's forwards.  One setting
+(2.1's speed mode at block 32, a prompt one past a block boundary) is also checked
+against a loop laid out as the release's generate() (release_generate), so the oracle's
+reading of the block window, the post steps and EOS is checked too.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ class Case:
 
     def reference_options(self) -> dict:
         options = dict(self.extra)
+        # The oracle returns up to the first EOS either way, as a request ends there.
+        options.pop("eos_early_stop", None)
         mode = options.pop("mode", None)
         if mode is not None:
             options = {**LLADA2_MODES[mode], **options}
@@ -154,6 +159,99 @@ def test_plugin_matches_the_reference_batched_and_alone_with_its_forwards(served
     edited = compare_cases(served, CASES, 11)
     # The 2.1 cases do exercise token editing on this model.
     assert len(edited) >= 4, sorted(edited)
+
+
+def release_generate(model, prompt: list[int], *, gen_length: int, block_length: int, threshold: float,
+                     editing_threshold: float, max_post_steps: int, num_to_transfer: int, eos_early_stop: bool,
+                     mask_id: int, eos_id: int) -> list[int]:
+    """LLaDA2.1's generate() at temperature 0, laid out as the release lays it out and
+    kept apart from the oracle's bookkeeping: absolute positions, blocks aligned to
+    multiples of `block_length` from position 0 (so the prompt's partial last block is
+    the first one decoded), each step one forward over the window up to the active
+    block's end; the prompt's positions in that block are never edited, the previous
+    block's never again (it is outside the active block), and the next block's are
+    not in the window.  A step that begins without masks is a post step; the loop
+    leaves the block before the forward of post step max_post_steps + 1, or after a
+    step that began without masks and edited nothing.  With eos_early_stop it stops
+    after a block once the generated part has no masks and holds an EOS; the answer
+    is cut after its first EOS either way.  The plugin's one departure is kept: the
+    mask id is never the predicted token."""
+    import torch
+
+    from tests.oracle_llada2 import block_causal_mask
+
+    length = len(prompt)
+    num_blocks = -(-(length + gen_length) // block_length)
+    x = torch.full((num_blocks * block_length,), mask_id, dtype=torch.long)
+    x[:length] = torch.tensor(prompt)
+    attend = block_causal_mask(len(x), block_length)
+    for block in range(length // block_length, num_blocks):
+        start, end = block * block_length, (block + 1) * block_length
+        in_prompt = torch.arange(start, end) < length
+        post_steps = 0
+        while True:
+            before = x[start:end].clone()
+            masked = before == mask_id
+            if not masked.any():
+                post_steps += 1
+            if post_steps > max_post_steps:
+                break
+            logits = model.forward(x[:end], attend[:end, :end])[start:end]
+            predicted = logits.masked_fill(torch.arange(logits.shape[1]) == mask_id, float("-inf")).argmax(-1)
+            p = torch.softmax(logits, -1).gather(1, predicted[:, None]).squeeze(1)
+            fill = torch.zeros_like(masked)
+            if masked.any():
+                confidence = torch.where(masked, p, torch.tensor(float("-inf")))
+                sure = masked & (confidence > threshold)
+                if int(sure.sum()) >= num_to_transfer:
+                    fill = sure
+                else:
+                    fill[confidence.topk(min(num_to_transfer, int(masked.sum()))).indices] = True
+            edit = ~masked & ~in_prompt & (p > editing_threshold) & (predicted != before)
+            x[start:end] = torch.where(fill | edit, predicted, before)
+            if not masked.any() and not edit.any():
+                break
+        generated = x[length:end]
+        if eos_early_stop and not (generated == mask_id).any() and (generated == eos_id).any():
+            break
+    answer = x[length:length + gen_length].tolist()
+    return answer[:answer.index(eos_id) + 1] if eos_id in answer else answer
+
+
+# LLaDA2.1's speed mode at block 32 with a prompt one past a block boundary: the
+# prompt's last token shares the first decoded block, the output's 32nd token is the
+# first position of the third block, and every block runs post steps with editing at
+# threshold 0 (any changed prediction is rewritten).
+BOUNDARY_CASES = [
+    Case("2.1 speed, block 32, prompt one past a block, 32 tokens", 33, 32, {"block_length": 32, "mode": "speed"}),
+    Case("2.1 speed, block 32, prompt one past a block, 96 tokens", 33, 96, {"block_length": 32, "mode": "speed"}),
+    Case("2.1 speed, block 32, prompt one past a block, 96 tokens, eos_early_stop", 33, 96,
+         {"block_length": 32, "mode": "speed", "eos_early_stop": True}),
+]
+
+
+def test_speed_mode_one_past_a_block_boundary_matches_the_release_loop(served):
+    model_dir, _ = served
+    ids = json.loads((Path(model_dir) / "generation_config.json").read_text())
+    oracle = load_llada2_oracle(model_dir)
+    reached = []
+
+    def check(case, prompt, want, reference_with):
+        options = case.reference_options()
+        for stop in (False, True):
+            release = release_generate(
+                oracle, prompt, gen_length=case.max_tokens, block_length=options["block_length"],
+                threshold=options["threshold"], editing_threshold=options["editing_threshold"],
+                max_post_steps=options["max_post_steps"], num_to_transfer=1, eos_early_stop=stop,
+                mask_id=ids["mask_token_id"], eos_id=ids["eos_token_id"])
+            assert release == want.tokens, f"{case.name}, eos_early_stop {stop}: release loop {release} != oracle"
+        if len(want.tokens) >= 32:
+            reached.append(case.name)
+
+    edited = compare_cases(served, BOUNDARY_CASES, 47, check)
+    assert edited == {case.name for case in BOUNDARY_CASES}, sorted(edited)
+    # The third block's first position is part of the compared output.
+    assert len(reached) >= 2, reached
 
 
 # The parallel rules (decoding/parallel.py) in place of the official choice of masks,
