@@ -10,8 +10,10 @@ forces goes into the forward's input and the fill that stops the forcing is the
 frontier's mask.  This measures what that costs: per step, the planning and
 validation of N constrained requests (xgrammar, LLaDA's real 126,464-row vocabulary,
 half JSON schema and half regex, each grammar advanced by one token a step as a
-frontier commit would), and in the same invocation an unconstrained Reuse step of N
-requests on step_bench's small model (CPU) at 512 positions.  Medians of 20 steps.
+frontier commit would; after each step, what the grammar needs to complete its
+document is worked out as the scheduler does, and the frontiers carry it), and in the
+same invocation an unconstrained Reuse step of N requests on step_bench's small model
+(CPU) at 512 positions.  Medians of 20 steps.
 """
 
 from __future__ import annotations
@@ -63,13 +65,19 @@ def first_allowed(row) -> int | None:
 def grammar_ms(count: int, tokenizer, vocab: int) -> dict:
     import xgrammar as xgr
 
+    from vllm_dllm.scheduler.completion import alphabet_of, need
     from vllm_dllm.scheduler.grammar import Frontier, jump_tokens, plan_frontiers
 
     items = grammars(count, tokenizer, vocab)
     bitmask = xgr.allocate_token_bitmask(count, vocab)
+    scratch = xgr.allocate_token_bitmask(1, vocab)
+    alphabet = alphabet_of(tokenizer).with_stops({tokenizer.eos_token_id})
+    canvas = 256
+    needs: dict[str, int | None] = {}
     plan_times, validate_times, forced = [], [], 0
-    for _ in range(STEPS):
-        frontiers = [Frontier(f"r{i}", g, 32, frozenset({tokenizer.eos_token_id}), jump_tokens(g, tokenizer))
+    for step_index in range(STEPS):
+        frontiers = [Frontier(f"r{i}", g, 32, frozenset({tokenizer.eos_token_id}), jump_tokens(g, tokenizer),
+                              left=canvas - g.num_processed_tokens, alphabet=alphabet, need=needs.get(f"r{i}"))
                      for i, g in enumerate(items) if not g.is_terminated()]
         start = time.perf_counter()
         step = plan_frontiers(frontiers, bitmask)
@@ -82,7 +90,11 @@ def grammar_ms(count: int, tokenizer, vocab: int) -> dict:
         forced += sum(len(t) for t in step.forced.values())
         start = time.perf_counter()
         for frontier in frontiers:
-            frontier.grammar.validate_tokens(new[frontier.req_id])
+            tokens = frontier.grammar.validate_tokens(new[frontier.req_id])
+            grammar = frontier.grammar
+            if tokens and grammar.accept_tokens(frontier.req_id, tokens):
+                needs[frontier.req_id] = need(grammar, frontier.req_id, alphabet, frontier.left - len(tokens), scratch)
+                grammar.rollback(len(tokens))
         validate_times.append((time.perf_counter() - start) * 1e3)
         for frontier in frontiers:
             frontier.grammar.accept_tokens(frontier.req_id, new[frontier.req_id])

@@ -175,6 +175,29 @@ def test_bad_server_options_fail_at_startup(tiny_dirs):
         engine_config(tiny_dirs("llada"), additional_config={"dllm": {"stepz": 8}})
 
 
+def test_json_is_compact_by_default_and_the_user_choice_wins(tiny_dirs, caplog):
+    """A fixed canvas has no positions to spare for whitespace a JSON grammar allows
+    between any two tokens."""
+    from vllm.config import StructuredOutputsConfig
+
+    vllm_dllm.register()
+    model = tiny_dirs("llada")
+    assert engine_config(model).structured_outputs_config.disable_any_whitespace
+    chosen = StructuredOutputsConfig(backend="guidance")
+    assert engine_config(model, structured_outputs_config=chosen).structured_outputs_config.disable_any_whitespace
+    spaced = engine_config(model, additional_config={"dllm": {"any_whitespace": True}})
+    assert not spaced.structured_outputs_config.disable_any_whitespace
+    compact = StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True)
+    explicit = engine_config(model, structured_outputs_config=compact, additional_config={"dllm": {"any_whitespace": True}})
+    assert explicit.structured_outputs_config.disable_any_whitespace  # vLLM's explicit option wins
+    with caplog.at_level(logging.WARNING):
+        outlines = engine_config(model, structured_outputs_config=StructuredOutputsConfig(backend="outlines"))
+    assert not outlines.structured_outputs_config.disable_any_whitespace  # it has no such option
+    assert "cannot leave whitespace out of JSON" in caplog.text
+    with pytest.raises(ValueError, match="'any_whitespace' must be true or false"):
+        engine_config(model, additional_config={"dllm": {"any_whitespace": "yes"}})
+
+
 def test_other_models_are_untouched(tmp_path):
     vllm_dllm.register()
     llama = {
@@ -196,6 +219,7 @@ def test_other_models_are_untouched(tmp_path):
     assert config.scheduler_config.scheduler_cls in (None, "vllm.v1.core.sched.scheduler.Scheduler")
     assert not config.model_config.logits_processors
     assert RESOLVED_KEY not in config.additional_config
+    assert not config.structured_outputs_config.disable_any_whitespace
 
 
 def test_other_models_keep_vllms_cpu_reservation(tmp_path, monkeypatch):

@@ -48,7 +48,7 @@ SCHEMA = {
 }
 # Whitespace-free JSON (vLLM's --structured-outputs-config disable_any_whitespace):
 # a random checkpoint would otherwise fill any canvas with whitespace.
-ENGINE_STRUCTURED = {"structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}}
+ENGINE_STRUCTURED: dict = {}  # the defaults a user gets: compact JSON, backend chosen per request
 
 
 # ---- the frontier mask and forced tokens, from their definitions ---------------
@@ -309,6 +309,35 @@ def test_llada_outputs_parse_in_every_mode(llada, grammar_kit):
 
     compare_until(len(LLADA_MODES), lambda _: check_all_parse(llada, LLADA_MODES, [0.0, 0.7], rng,
                                                             companion_reference=reference))
+
+
+SUM_SCHEMA = {"type": "object", "properties": {"sum": {"type": "integer"}}, "required": ["sum"]}
+
+
+def test_json_completes_whenever_the_canvas_has_room(llada, grammar_kit):
+    """A JSON request ends with a complete, compact document whatever the model
+    would have written: a random checkpoint writes digits or string content until
+    the canvas ends unless the scheduler completes the document in time."""
+    rng = random.Random(11)
+    cases, requests = [], []
+    for i in range(24):
+        json_object = i % 2 == 0
+        mode = {key: value for key, value in LLADA_MODES[i % len(LLADA_MODES)].items() if key != "steps"}
+        mode["block_length"] = 8  # the default schedule: one token per step
+        gen = rng.choice([16, 24, 32, 48])
+        structured = StructuredOutputsParams(json_object=True) if json_object else StructuredOutputsParams(json=SUM_SCHEMA)
+        cases.append((json_object, gen))
+        requests.append(({"prompt_token_ids": random_prompt(rng, rng.randint(3, 9), 97, 123)},
+                         SamplingParams(structured_outputs=structured, max_tokens=gen, temperature=[0.0, 0.8][i % 2],
+                                        seed=i, extra_args=dict(mode))))
+    outs = llada.generate([p for p, _ in requests], [s for _, s in requests], use_tqdm=False)
+    for (json_object, gen), out in zip(cases, outs):
+        text = out.outputs[0].text
+        value = json.loads(text)  # raises: the document did not complete
+        assert isinstance(value, dict), text
+        if not json_object:
+            assert re.fullmatch(r'\{"sum":-?[0-9]+\}', text), text  # compact, by default
+        assert len(out.outputs[0].token_ids) <= gen
 
 
 @pytest.fixture(scope="module")

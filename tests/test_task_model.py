@@ -42,8 +42,7 @@ def runner():
     runner = task_eval.OfflineRunner(
         str(PATH),
         dict(max_model_len=512, max_num_seqs=32, kv_cache_memory_bytes=256 << 20,
-             gpu_memory_utilization=0.3, dtype="float32", enforce_eager=True, seed=0,
-             structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True}),
+             gpu_memory_utilization=0.3, dtype="float32", enforce_eager=True, seed=0),
     )
     yield runner
     runner.engine.engine_core.shutdown()
@@ -183,3 +182,23 @@ def test_constrained_answers_parse_and_stay_right(runner):
     wrapped = SamplingParams(max_tokens=32, temperature=0.0, structured_outputs=StructuredOutputsParams(json=schema))
     for out in runner.generate(prompts, wrapped):
         assert re.fullmatch("[0-9]{1,8}", json.loads(out.text)["answer"]), out.text
+
+
+def test_json_replies_on_the_default_canvas_complete_and_end_early(runner):
+    """What a client sending `response_format` gets with the server's defaults (the
+    default canvas, compact JSON): a document that parses and ends where the model
+    ends its answer, not digits or key characters until the canvas runs out."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    items = task_eval.instances(TASKS["addition"], N, 322)
+    prompts = [runner.prompt_ids(item.prompt) for item in items]
+    canvas = 56  # the shipped generation_config's max_new_tokens
+    sum_schema = {"type": "object", "properties": {"sum": {"type": "integer"}}, "required": ["sum"]}
+    for structured in (StructuredOutputsParams(json=sum_schema), StructuredOutputsParams(json_object=True)):
+        params = SamplingParams(max_tokens=canvas, temperature=0.0, structured_outputs=structured)
+        for out in runner.generate(prompts, params):
+            assert isinstance(json.loads(out.text), dict), out.text
+            assert out.finish_reason == "stop" and len(out.token_ids) < canvas // 2, (out.text, out.finish_reason)
+            if structured.json is not None:
+                assert re.fullmatch(r'\{"sum":-?[0-9]+\}', out.text), out.text

@@ -179,6 +179,8 @@ class DiffusionConfigHook:
                 "use --tensor-parallel-size (with --enable-expert-parallel to split the experts)"
             )
         _refuse_unsupported_features(vllm_config)
+        if not defaults.any_whitespace:
+            _compact_json(vllm_config.structured_outputs_config)
         _warn_of_unapplied_logits_processor_plugins()
         if parallel.worker_cls == "auto":
             parallel.worker_cls = _worker_cls(vllm_config)
@@ -225,6 +227,30 @@ class DiffusionConfigHook:
             )
             scheduler.max_num_batched_tokens = model_config.max_model_len
         model_config.logits_processors = [VALIDATOR_CLS]
+
+
+# The structured-output backends that can leave whitespace out of JSON ("auto" picks
+# one of them per request).
+COMPACT_JSON_BACKENDS = ("auto", "xgrammar", "guidance")
+
+
+def _compact_json(structured_outputs_config) -> None:
+    """JSON grammars without optional whitespace.  A canvas has a fixed length, and
+    a diffusion model fills positions the grammar leaves open with whatever it allows
+    there: whitespace would eat the canvas.  vLLM's option is a plain bool, so an
+    explicit `disable_any_whitespace: false` cannot be told from its default; the
+    server's own `any_whitespace` restores vLLM's behaviour."""
+    if structured_outputs_config.disable_any_whitespace:
+        return
+    backend = structured_outputs_config.backend
+    if backend not in COMPACT_JSON_BACKENDS:
+        logger.warning(
+            "The %s structured-output backend cannot leave whitespace out of JSON: a JSON request may "
+            "spend its canvas on whitespace; use xgrammar or guidance for compact JSON", backend)
+        return
+    # Set after construction: vLLM's own check refuses the option with backend "auto",
+    # which chooses one of the backends above per request.
+    structured_outputs_config.disable_any_whitespace = True
 
 
 def _refuse_unsupported_features(vllm_config) -> None:

@@ -36,6 +36,8 @@ class ServerDefaults:
     max_num_logits: int = DEFAULT_MAX_NUM_LOGITS
     admission: str = "greedy"  # see scheduler/plan.py: greedy, lookahead, reserve, static
     attention_backend: str | None = None  # None: chosen by device
+    # JSON grammars allow whitespace between tokens (vLLM's default); else compact JSON.
+    any_whitespace: bool = False
     # Why this deployment refuses the sparse KV cache (server_config.py), if it does.
     sparse_refusal: str | None = None
 
@@ -62,6 +64,9 @@ class ServerDefaults:
                 f"{SERVER}'attention_backend' must be one of "
                 f"{', '.join(ATTENTION_BACKENDS)}, got {attention_backend!r}"
             )
+        any_whitespace = server.pop("any_whitespace", False)
+        if type(any_whitespace) is not bool:
+            raise OptionError(f"{SERVER}'any_whitespace' must be true or false, got {any_whitespace!r}")
         for key in DREAM_FILTER_KEYS:
             if kind == DREAM and key in server:
                 # One source of server-wide sampling defaults: vLLM's, which it also
@@ -82,6 +87,7 @@ class ServerDefaults:
             max_num_logits=max_num_logits,
             admission=admission,
             attention_backend=attention_backend,
+            any_whitespace=any_whitespace,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -92,6 +98,7 @@ class ServerDefaults:
             "admission": self.admission,
             "attention_backend": self.attention_backend,
             "sparse_refusal": self.sparse_refusal,
+            "any_whitespace": self.any_whitespace,
         }
 
     @classmethod
@@ -103,6 +110,7 @@ class ServerDefaults:
             admission=data.get("admission", "greedy"),
             attention_backend=data.get("attention_backend"),
             sparse_refusal=data.get("sparse_refusal"),
+            any_whitespace=data.get("any_whitespace", False),
         )
 
     def deployment_problem(self, options) -> str | None:

@@ -174,6 +174,9 @@ NAMES: tuple[Name, ...] = (
     Name("vllm.v1.outputs", "LogprobsLists", "runner: committed tokens' logprob rows"),
     Name("vllm.v1.outputs", "LogprobsTensors", "runner: prompt logprob rows"),
     Name("vllm.v1.request", "Request", "scheduler"),
+    # Grammars are told apart by their backend's module (scheduler/grammar.rolls_back_deeply).
+    Name("vllm.v1.structured_output.backend_xgrammar", "XgrammarGrammar", "scheduler/grammar.rolls_back_deeply"),
+    Name("vllm.v1.structured_output.backend_guidance", "GuidanceGrammar", "scheduler/grammar.rolls_back_deeply"),
     Name("vllm.v1.request", "RequestStatus", "scheduler"),
     Name("vllm.v1.sample.logits_processor.interface", "LogitsProcessor",
          "compat.logits_processor_base: validation subclasses it", versions=BEFORE_034),
@@ -399,6 +402,8 @@ MEMBERS: tuple[Members, ...] = (
             ("accept_tokens", "validate_tokens", "rollback", "fill_bitmask", "is_terminated")),
     Members("vllm.v1.structured_output.backend_types", "StructuredOutputBackend", ("allocate_token_bitmask",)),
     Members("vllm.v1.structured_output.request", "StructuredOutputRequest", ("grammar",)),
+    Members("vllm.config.structured_outputs", "StructuredOutputsConfig", ("backend", "disable_any_whitespace"),
+            "server_config._compact_json: compact JSON by default"),
     Members("vllm.v1.request", "Request", ("use_structured_output", "structured_output_request")),
     Members("vllm.v1.request", "RequestStatus", ("WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR", "WAITING")),
     Members("vllm.ir.op", "IrOp", ("register_impl", "impls"), "models/cpu_rms_norm.py: the CPU RMSNorm provider"),

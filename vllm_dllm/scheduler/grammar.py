@@ -15,7 +15,12 @@ under the grammar's mask (engine/constraints.py).  So:
   filled again behind it (`plan_frontiers`, jump-forward): the string the backend
   finds forced (xgrammar), tokenized, or else a token the mask allows alone.  A
   mask that allows only stop tokens forces one: the rest of the canvas is end of
-  text.
+  text;
+* the canvas's end is known, so a document always completes where the canvas has
+  room for it (scheduler/completion.py): after a step, a prefix whose completion no
+  longer fits in the positions left is cut back to one whose completion does (the
+  rest goes back to the mask), and before a step, a frontier with no position to
+  spare is forced the shortest completion.
 
 The grammar objects are vLLM's `StructuredOutputGrammar` (fill_bitmask,
 accept_tokens, rollback, is_terminated); forced tokens are accepted to find the
@@ -31,6 +36,7 @@ import numpy as np
 import torch
 
 from vllm_dllm.engine.constraints import GrammarStep
+from vllm_dllm.scheduler.completion import Alphabet, closing
 
 
 @dataclass
@@ -42,6 +48,11 @@ class Frontier:
     room: int  # canvas positions from its frontier to the end of the frontier's block
     stop_ids: frozenset[int]
     jump: Callable[[], list[int]] | None = None  # the string the grammar forces, as tokens
+    # Completing the document in time (scheduler/completion.py); no alphabet: never forced.
+    left: int = 0  # canvas positions from its frontier to the canvas's end
+    alphabet: Alphabet | None = None
+    need: int | None = None  # tokens the grammar needs to complete from its frontier, if known
+    close_now: bool = False  # complete the document now (its last tokens outgrew the room left)
 
 
 def jump_tokens(grammar, tokenizer) -> Callable[[], list[int]] | None:
@@ -59,6 +70,17 @@ def jump_tokens(grammar, tokenizer) -> Callable[[], list[int]] | None:
         return list(tokenizer.encode(text, add_special_tokens=False)) if text else []
 
     return jump
+
+
+# Backends whose grammars roll back any number of tokens; outlines' guide keeps only
+# a few states, too few to search for a completion.
+DEEP_ROLLBACK_BACKENDS = ("xgrammar", "guidance")
+
+
+def rolls_back_deeply(grammar) -> bool:
+    """Whether a vLLM grammar (its backend module is `backend_<name>`) can try out
+    a completion and take it back."""
+    return type(grammar).__module__.rsplit(".", 1)[-1].removeprefix("backend_") in DEEP_ROLLBACK_BACKENDS
 
 
 def canvas_blocks(options) -> tuple[int, int]:
@@ -91,8 +113,11 @@ def sole_token(row: np.ndarray, stop_ids: frozenset[int]) -> int | None:
 
 def plan_frontiers(frontiers: list[Frontier], bitmask: torch.Tensor) -> GrammarStep:
     """Forced tokens and frontier masks of a step's constrained requests; row i of
-    `bitmask` (at least len(frontiers) rows) is filled for request i."""
+    `bitmask` (at least len(frontiers) rows) is filled for request i.  Forced: what
+    the grammar allows alone, and the completion of the document once the canvas has
+    no position to spare."""
     step = GrammarStep()
+    scratch = torch.zeros((1, bitmask.shape[1]), dtype=bitmask.dtype)
     for i, frontier in enumerate(frontiers):
         grammar = frontier.grammar
         if grammar.is_terminated():
@@ -107,6 +132,10 @@ def plan_frontiers(frontiers: list[Frontier], bitmask: torch.Tensor) -> GrammarS
             if not tokens:
                 token = sole_token(bitmask[i].numpy(), frontier.stop_ids)
                 tokens = [] if token is None else [token]
+            left = frontier.left - len(forced)
+            if not tokens and frontier.alphabet is not None and (
+                    frontier.close_now or frontier.need is None or frontier.need >= left):
+                tokens = closing(grammar, frontier.req_id, frontier.alphabet, left, scratch, frontier.close_now)[:room]
             if not tokens or not grammar.accept_tokens(frontier.req_id, tokens):
                 break
             forced.extend(tokens)

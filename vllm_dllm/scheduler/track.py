@@ -25,6 +25,13 @@ class RequestTrack:
     chunk: int = 0  # block-causal: the server's prefill chunk (phases.block_causal_phase)
     cached: int = 0  # block-causal: positions offered to vLLM's prefix cache so far
     scoring: int = 0  # query tokens of its prompt_logprobs copies and ELBO samples, run with its first step
+    # Structured outputs (scheduler/completion.py): tokens its grammar needs to complete
+    # the document from the accepted prefix (None: not worked out yet), and whether
+    # the canvas was found too short for any document, and whether to complete it
+    # from the next step on (its last step's tokens outgrew the room left).
+    grammar_need: int | None = None
+    grammar_short: bool = False
+    grammar_close: bool = False
 
     @property
     def canvas(self) -> int:

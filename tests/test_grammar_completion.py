@@ -1,0 +1,134 @@
+"""How a grammar completes from where it stands (scheduler/completion.py), on
+xgrammar grammars over the tiny LLaDA's tokenizer: the completions end with a stop
+token, the shortest search finds the fewest single-character tokens (checked
+against a breadth-first search), and every search leaves the grammar where it
+stood."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.test_structured_outputs import grammar_kit  # noqa: F401 (a fixture)
+from vllm_dllm.scheduler.completion import (
+    alphabet_of,
+    closing,
+    greedy_completion,
+    need,
+    shortest_completion,
+    single_character_tokens,
+)
+from vllm_dllm.scheduler.grammar import rolls_back_deeply
+
+xgr = pytest.importorskip("xgrammar")
+
+OBJECT = {"type": "object"}
+SUM = {"type": "object", "properties": {"sum": {"type": "integer"}}, "required": ["sum"]}
+
+
+@pytest.fixture(scope="module")
+def kit(grammar_kit):  # noqa: F811
+    kit = dict(grammar_kit)
+    tok = kit["tok"]
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=kit["vocab"]))
+    from vllm.v1.structured_output.backend_xgrammar import XgrammarGrammar
+
+    def grammar(schema, prefix: str, any_whitespace=False):
+        ctx = compiler.compile_json_schema(json.dumps(schema), any_whitespace=any_whitespace,
+                                           **({} if any_whitespace else {"separators": (",", ":")}))
+        g = XgrammarGrammar(vocab_size=kit["vocab"], ctx=ctx,
+                            matcher=xgr.GrammarMatcher(ctx, override_stop_tokens=[kit["eos"]]))
+        ids = tok.encode(prefix, add_special_tokens=False)
+        assert g.accept_tokens("r", ids), prefix
+        return g
+
+    kit["grammar"] = grammar
+    kit["alphabet"] = alphabet_of(tok).with_stops([kit["eos"]])
+    kit["bitmask"] = xgr.allocate_token_bitmask(1, kit["vocab"])
+    return kit
+
+
+def text(kit, tokens):
+    assert tokens[-1] == kit["eos"]
+    return kit["tok"].decode(tokens[:-1])
+
+
+def stands_at_prefix(kit, grammar, continuation: str) -> bool:
+    ids = kit["tok"].encode(continuation, add_special_tokens=False)
+    return grammar.validate_tokens(ids) == ids
+
+
+def breadth_first(kit, grammar, limit):
+    """The fewest single-character tokens (a stop token last) that end the document,
+    by plain breadth-first search replaying each path from the prefix, over JSON's
+    punctuation, a digit and the letters these cases need."""
+    characters = single_character_tokens(kit["tok"], '{}[]",:0asum')
+    frontier = [[]]
+    for _ in range(limit):
+        following = []
+        for path in frontier:
+            assert grammar.accept_tokens("r", path) or not path
+            ends = grammar.validate_tokens([kit["eos"]])
+            allowed = [t for t in characters if grammar.validate_tokens([t])]
+            if path:
+                grammar.rollback(len(path))
+            if ends:
+                return len(path) + 1
+            following.extend([*path, t] for t in allowed)
+        frontier = following
+    return None
+
+
+@pytest.mark.parametrize("schema, prefix, shortest", [
+    (OBJECT, "", "{}"),
+    (OBJECT, "{", "}"),
+    (OBJECT, '{"', '":0}'),
+    (OBJECT, '{"a":[{"b":"xx', '"}]}'),
+    (OBJECT, '{"a":[1', "]}"),
+    (SUM, "", '{"sum":0}'),
+    (SUM, '{"sum":76', "}"),
+    (SUM, '{"su', 'm":0}'),
+])
+def test_completions_end_the_document_and_leave_the_grammar(kit, schema, prefix, shortest):
+    grammar = kit["grammar"](schema, prefix)
+    greedy = greedy_completion(grammar, "r", kit["alphabet"], 40, kit["bitmask"])
+    found = shortest_completion(grammar, "r", kit["alphabet"], 40, kit["bitmask"])
+    assert json.loads(prefix + text(kit, greedy)) is not None
+    assert text(kit, found) == shortest
+    assert len(found) <= len(greedy)
+    assert len(found) == breadth_first(kit, grammar, len(found))
+    assert stands_at_prefix(kit, grammar, shortest)  # every search was rolled back
+
+
+def test_a_grammar_with_whitespace_still_completes(kit):
+    """Whitespace is allowed almost anywhere: the greedy path never falls back to the
+    same token twice, so it cannot pad forever."""
+    grammar = kit["grammar"](OBJECT, '{"a"', any_whitespace=True)
+    greedy = greedy_completion(grammar, "r", kit["alphabet"], 40, kit["bitmask"])
+    assert json.loads('{"a"' + text(kit, greedy)) is not None
+    assert text(kit, shortest_completion(grammar, "r", kit["alphabet"], 40, kit["bitmask"])) == ":0}"
+
+
+def test_need_and_closing_read_the_room_left(kit):
+    grammar = kit["grammar"](SUM, '{"sum":7')
+    alphabet, bitmask = kit["alphabet"], kit["bitmask"]
+    assert need(grammar, "r", alphabet, 10, bitmask) == 2  # "}" and the stop token
+    assert need(grammar, "r", alphabet, 1, bitmask) == 2  # the stop token may fall off the canvas
+    assert need(grammar, "r", alphabet, 0, bitmask) is None
+    assert closing(grammar, "r", alphabet, 3, bitmask) == []  # a position to spare: the model decodes
+    assert text(kit, closing(grammar, "r", alphabet, 2, bitmask)) == "}"
+    assert kit["tok"].decode(closing(grammar, "r", alphabet, 1, bitmask)) == "}"
+    assert text(kit, closing(grammar, "r", alphabet, 3, bitmask, now=True)) == "}"
+    start = kit["grammar"](SUM, "")
+    assert closing(start, "r", alphabet, 4, bitmask) == []  # no document fits: nothing forced
+    assert stands_at_prefix(kit, grammar, "1}") and stands_at_prefix(kit, start, '{"sum":1}')
+
+
+def test_only_grammars_that_roll_back_deeply_are_searched(kit):
+    assert rolls_back_deeply(kit["grammar"](SUM, ""))
+
+    class OutlinesGrammar:  # named as vLLM's module names its backends
+        __module__ = "vllm.v1.structured_output.backend_outlines"
+
+    assert not rolls_back_deeply(OutlinesGrammar())
