@@ -1,10 +1,11 @@
-"""The README's example requests to the shipped task model get right answers.
+"""The documentation's example requests to the shipped task model get right answers.
 
 Every `curl .../v1/chat/completions` body and every OpenAI-client snippet in README.md
+and the user pages under docs/ (all but the vLLM surface reports and the training log)
 that names the served task model (`vllm-dllm-task`) is sent, as written, to one
 `vllm serve` of vllm_dllm/default_model started the way `make serve` starts it, and the
-reply must be the task's correct answer, computed here from the prompt alone.  A
-README example the model gets wrong fails this test: change the example or the model.
+reply must be the task's correct answer, computed here from the prompt alone.  An
+example the model gets wrong fails this test: change the example or the model.
 """
 
 from __future__ import annotations
@@ -22,8 +23,22 @@ import pytest
 from tests.server_utils import ServerProcess
 from vllm_dllm.default_model import PATH
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
 SERVED_NAME = "vllm-dllm-task"
+# Pages that are records, not user documentation: no examples are read from them.
+NOT_USER_DOCS = re.compile(r"vllm-[0-9.]+-surface\.md|training-log\.md")
+
+
+def doc_pages() -> list[Path]:
+    """README.md and every user page under docs/."""
+    docs = sorted(p for p in (ROOT / "docs").glob("*.md") if not NOT_USER_DOCS.fullmatch(p.name))
+    return [README, *docs]
+
+
+def doc_examples(extract) -> list[tuple[str, object]]:
+    """(page, example) for every example `extract` finds in every page."""
+    return [(page.relative_to(ROOT).as_posix(), ex) for page in doc_pages() for ex in extract(page.read_text())]
 
 
 def expected_answer(prompt: str) -> str:
@@ -87,6 +102,17 @@ def test_readme_has_task_model_examples():
         expected_answer(body["messages"][-1]["content"])
 
 
+def test_docs_pages_are_read_and_their_examples_are_task_prompts():
+    pages = [page.name for page in doc_pages()]
+    assert "README.md" in pages and "serving.md" in pages and "structured-outputs.md" in pages
+    assert not any(NOT_USER_DOCS.fullmatch(name) for name in pages)
+    # README's three requests and two client snippets, and those the docs pages repeat or add.
+    assert len(doc_examples(curl_bodies)) >= 4
+    assert len(doc_examples(client_snippets)) >= 3
+    for _, body in doc_examples(curl_bodies):
+        expected_answer(body["messages"][-1]["content"])
+
+
 @pytest.fixture(scope="module")
 def server():
     # As `make serve`: the shipped model under its served name, 512 positions.
@@ -99,29 +125,33 @@ def server():
 
 
 def test_readme_curl_examples_answer_correctly(server):
-    bodies = curl_bodies(README.read_text())
+    examples = doc_examples(curl_bodies)
+    assert examples
     wrong = []
     with httpx.Client(base_url=server.base_url, timeout=120) as client:
-        for body in bodies:
+        for page, body in examples:
             resp = client.post("/v1/chat/completions", json=body)
             if resp.status_code != 200:
-                server.fail(f"{body} -> HTTP {resp.status_code}: {resp.text}")
+                server.fail(f"{page}: {body} -> HTTP {resp.status_code}: {resp.text}")
             got = resp.json()["choices"][0]["message"]["content"]
             want = expected_answer(body["messages"][-1]["content"])
             if got.strip() != want:
-                wrong.append((body, got, want))
-    assert not wrong, "README examples answered wrongly:\n" + "\n".join(
-        f"  {json.dumps(b)}\n    got {g!r}, want {w!r}" for b, g, w in wrong
+                wrong.append((page, body, got, want))
+    assert not wrong, "documented examples answered wrongly:\n" + "\n".join(
+        f"  {p}: {json.dumps(b)}\n    got {g!r}, want {w!r}" for p, b, g, w in wrong
     )
 
 
 def test_readme_client_snippets_answer_correctly(server):
-    for snippet in client_snippets(README.read_text()):
+    examples = doc_examples(client_snippets)
+    assert examples
+    for page, snippet in examples:
         code = snippet.replace("http://127.0.0.1:8000/v1", f"{server.base_url}/v1")
-        assert code != snippet, "the snippet should talk to the README's 127.0.0.1:8000"
+        assert code != snippet, f"the snippet in {page} should talk to the README's 127.0.0.1:8000"
         prompts = re.findall(r'"content":\s*"([^"]*)"', snippet)
-        assert len(prompts) == 1, snippet
+        assert len(prompts) == 1, (page, snippet)
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
-            exec(compile(code, "README.md", "exec"), {"__name__": "readme_example"})
-        assert printed.getvalue().strip() == expected_answer(prompts[0].encode().decode("unicode_escape"))
+            exec(compile(code, page, "exec"), {"__name__": "readme_example"})
+        want = expected_answer(prompts[0].encode().decode("unicode_escape"))
+        assert printed.getvalue().strip() == want, (page, printed.getvalue(), want)
