@@ -17,11 +17,12 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from vllm_dllm.decoding.base import DecodeState, SpecialIds, StepPlan, make_rule
+from vllm_dllm.decoding.base import DecodeState, SpecialIds, StepPlan
+from vllm_dllm.decoding.rules import make_rule
 from vllm_dllm.decoding.dream import DreamRule
 from vllm_dllm.decoding.llada import LLaDARule
 from vllm_dllm.decoding.logits import chunked_reduce
-from vllm_dllm.engine import philox
+from vllm_dllm.decoding import philox
 from vllm_dllm.options import DREAM, LLADA, DreamOptions, LLaDAOptions
 
 V = 16

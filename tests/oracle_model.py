@@ -6,7 +6,7 @@ Written from /work/shared/MODEL_SPEC.md (sections 1, 1b and 3) and shares no cod
 the `vllm_dllm` plugin.  Everything is plain PyTorch on the CPU, float32 by default.
 
 The reference decoders draw their randomness from one global generator.  This oracle
-follows the plugin's random-stream contract instead (vllm_dllm/engine/philox.py),
+follows the plugin's random-stream contract instead (vllm_dllm/decoding/philox.py),
 re-implemented here with numpy's unsigned 64-bit arithmetic:
 
     Philox4x32-10 (Random123), key = (seed mod 2**32, (seed mod 2**64) >> 32),

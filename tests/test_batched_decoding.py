@@ -31,7 +31,8 @@ from tests.decoding_harness import (
     single,
 )
 from vllm_dllm.decoding import sampling
-from vllm_dllm.decoding.base import PAD, DecodeState, StepPlan, make_rule
+from vllm_dllm.decoding.base import PAD, DecodeState, StepPlan
+from vllm_dllm.decoding.rules import make_rule
 from vllm_dllm.decoding.dream import DreamRule
 from vllm_dllm.decoding.llada import LLaDARule
 from vllm_dllm.decoding.logits import chunked_reduce, rows_per_chunk

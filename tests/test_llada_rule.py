@@ -31,7 +31,7 @@ from tests.decoding_harness import (
 from vllm_dllm.decoding import sampling
 from vllm_dllm.decoding.base import SpecialIds
 from vllm_dllm.decoding.llada import transfer_count
-from vllm_dllm.engine import philox
+from vllm_dllm.decoding import philox
 from vllm_dllm.options import LLaDAOptions
 
 # ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Philox4x32-10 draws (vllm_dllm.engine.philox) and their Triton twin.
+"""Philox4x32-10 draws (vllm_dllm.decoding.philox) and their Triton twin.
 
 * Known answers from Random123's tests/kat_vectors, and a plain-Python scalar
   implementation of the contract (written here from the module docstring, Python
@@ -7,7 +7,7 @@
   draws do not depend on the other rows of the batch or on chunking.
 * Triton: `uniform_rows_triton` bit-identical to `uniform_rows`.  Triton 3.9 reads
   TRITON_INTERPRET when `@triton.jit` decorates a kernel, i.e. when
-  `vllm_dllm.engine.triton_philox` is first imported; inside a pytest process that
+  `vllm_dllm.decoding.triton_philox` is first imported; inside a pytest process that
   module may already have been imported without the flag, so the Triton checks run
   in a fresh subprocess (this file run as a script) with the flag set, which prints
   one JSON report that the tests here read case by case.  With CUDA present the
@@ -31,10 +31,10 @@ from tests.triton_harness import (
     needs_triton,
     run_script,
 )
-from vllm_dllm.engine import philox
-from vllm_dllm.engine.philox import philox4x32_10, uniform, uniform_rows
+from vllm_dllm.decoding import philox
+from vllm_dllm.decoding.philox import philox4x32_10, uniform, uniform_rows
 
-TRITON_MODULE_PATH = REPO_ROOT / "vllm_dllm" / "engine" / "triton_philox.py"
+TRITON_MODULE_PATH = REPO_ROOT / "vllm_dllm" / "decoding" / "triton_philox.py"
 
 MASK32 = 0xFFFFFFFF
 
@@ -297,7 +297,7 @@ def run_triton_cases(device: str) -> dict:
     import triton
     import triton.language as tl
 
-    from vllm_dllm.engine import triton_philox as tp
+    from vllm_dllm.decoding import triton_philox as tp
 
     dev = torch.device(device)
     report = {"interpreted": type(tp._uniform_rows_kernel).__name__ == "InterpretedFunction", "cases": {}}

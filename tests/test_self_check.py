@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from vllm_dllm.attention.backends import TorchAttention
-from vllm_dllm.engine import philox, triton_philox
+from vllm_dllm.decoding import philox, triton_philox
 from vllm_dllm.engine.torch_model import build_model
 from vllm_dllm.options import LLADA
 from vllm_dllm.server_defaults import ServerDefaults

@@ -21,7 +21,8 @@ import torch
 
 from tests.decoding_harness import _one_thread  # noqa: F401 (an autouse fixture: a thread per simulated rank)
 from tests.vocab_shards import Exchange, run_sharded
-from vllm_dllm.decoding.base import DecodeState, SpecialIds, make_rule
+from vllm_dllm.decoding.base import DecodeState, SpecialIds
+from vllm_dllm.decoding.rules import make_rule
 from vllm_dllm.decoding.dream import filter_top_p_top_k
 from vllm_dllm.decoding.grammar_mask import mask_rows
 from vllm_dllm.decoding.llada2 import filter_top_k_top_p

@@ -245,25 +245,3 @@ class BatchedRule(ABC):
         commit): under the fixed schedule, after its steps per block."""
         state = self.state
         return state.block_step[slots] + 1 >= state.steps_per_block[slots]
-
-
-_RULES: dict[str, type[BatchedRule]] = {}
-
-
-def register_rule(kind: str):
-    def wrap(cls: type[BatchedRule]) -> type[BatchedRule]:
-        _RULES[kind] = cls
-        return cls
-
-    return wrap
-
-
-def make_rule(kind: str, state: DecodeState) -> BatchedRule:
-    # Importing the rule modules fills the registry.
-    from vllm_dllm.decoding import dream, llada, llada2  # noqa: F401
-
-    try:
-        cls = _RULES[kind]
-    except KeyError:
-        raise ValueError(f"no decoding rule for model kind '{kind}'") from None
-    return cls(state)

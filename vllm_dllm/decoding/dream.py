@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from vllm_dllm.decoding import parallel, sampling
-from vllm_dllm.decoding.base import BatchedRule, DecodeState, StepPlan, register_rule
+from vllm_dllm.decoding.base import BatchedRule, DecodeState, StepPlan
 from vllm_dllm.decoding.vocab import WHOLE, Vocab
 from vllm_dllm.options import DREAM, DREAM_ALGS, DreamOptions
 
@@ -54,7 +54,6 @@ def filter_top_p_top_k(logits: torch.Tensor, top_p: torch.Tensor, top_k: torch.T
     return logits.masked_fill((logits < kth) & (top_k > 0)[:, None], lowest)
 
 
-@register_rule(DREAM)
 class DreamRule(parallel.ParallelDecoding, BatchedRule):
     def __init__(self, state: DecodeState):
         super().__init__(state)

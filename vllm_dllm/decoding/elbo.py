@@ -19,7 +19,7 @@ independently with probability p_i, except the sequence's first and last positio
 which the recipe always leaves unmasked (it assumes BOS / EOS there): a continuation's
 last token is never scored.  Weight 1 / p_i.
 
-Every draw is counter-based (engine/philox.py), keyed by the request's seed, the
+Every draw is counter-based (decoding/philox.py), keyed by the request's seed, the
 sample (or batch) index and the position, so a request's estimate does not depend on
 what else shares the step.  The standard error treats the samples as independent,
 which overstates it a little: the stratified ratios of a batch vary less than
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vllm_dllm.engine import philox
+from vllm_dllm.decoding import philox
 
 RECIPES = ("llada", "dream")
 DREAM_EPS = 1e-3  # eval/eval.py's sampling_eps

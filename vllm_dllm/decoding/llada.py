@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from vllm_dllm.decoding import parallel, sampling
-from vllm_dllm.decoding.base import BatchedRule, DecodeState, StepPlan, register_rule
+from vllm_dllm.decoding.base import BatchedRule, DecodeState, StepPlan
 from vllm_dllm.options import LLADA, LLaDAOptions
 
 
@@ -22,7 +22,6 @@ def transfer_count(num_masked: torch.Tensor, steps: torch.Tensor, step_in_block:
     return num_masked // steps + (step_in_block < num_masked % steps).long()
 
 
-@register_rule(LLADA)
 class LLaDARule(parallel.ParallelDecoding, BatchedRule):
     def __init__(self, state: DecodeState):
         super().__init__(state)

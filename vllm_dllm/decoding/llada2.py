@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 from vllm_dllm.decoding import parallel, sampling
-from vllm_dllm.decoding.base import BatchedRule, DecodeState, StepPlan, register_rule
+from vllm_dllm.decoding.base import BatchedRule, DecodeState, StepPlan
 from vllm_dllm.decoding.vocab import WHOLE, Vocab
 from vllm_dllm.options import LLADA2, LLaDA2Options
 
@@ -85,7 +85,6 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     return logits.masked_fill(removed, _LOWEST)
 
 
-@register_rule(LLADA2)
 class LLaDA2Rule(BatchedRule):
     def __init__(self, state: DecodeState):
         super().__init__(state)

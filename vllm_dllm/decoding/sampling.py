@@ -3,7 +3,7 @@
 Every draw is keyed by (request seed, denoising step, canvas position, stream): the
 bits depend on nothing else, so seeded sampling is reproducible whatever else
 shares the batch, however rows are chunked, on every device.  The contract is in
-vllm_dllm/engine/philox.py; on CUDA the Triton implementation gives the same bits.
+vllm_dllm/decoding/philox.py; on CUDA the Triton implementation gives the same bits.
 
 A token at temperature T is an exact draw from softmax(logits / T) by inverse CDF,
 one float64 uniform per row: the distribution LLaDA's `add_gumbel_noise` (Gumbel-max
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from vllm_dllm.decoding.vocab import WHOLE, Vocab
-from vllm_dllm.engine import philox
+from vllm_dllm.decoding import philox
 
 # Stream identifiers: one per kind of draw, so no two draws share bits.
 LLADA_SAMPLE = 1  # LLaDA at T > 0: the row's token (float64)
@@ -30,7 +30,7 @@ SELECT = 5  # Dream with alg_temp: Gumbel key of the position in the choice of r
 def uniform(seeds, steps, positions, stream: int, dtype: torch.dtype) -> torch.Tensor:
     """One draw per row, in (0, 1)."""
     if seeds.device.type == "cuda":
-        from vllm_dllm.engine.triton_philox import HAS_TRITON, uniform_rows_triton
+        from vllm_dllm.decoding.triton_philox import HAS_TRITON, uniform_rows_triton
 
         if HAS_TRITON:
             return uniform_rows_triton(seeds, steps, positions, stream, 1, dtype)[:, 0]

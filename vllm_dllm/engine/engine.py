@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from vllm_dllm.attention.metadata import attention_metadata
-from vllm_dllm.decoding.base import PAD, DecodeState, SpecialIds, make_rule
+from vllm_dllm.decoding.base import PAD, DecodeState, SpecialIds
+from vllm_dllm.decoding.rules import make_rule
 from vllm_dllm.decoding.logits import LMHead, chunked_reduce
 from vllm_dllm.decoding.logprobs import LogprobsCollector
 from vllm_dllm.engine.constraints import FrontierMasks, GrammarStep, block_of, frontier_masks, return_to_mask

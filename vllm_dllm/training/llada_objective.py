@@ -8,7 +8,8 @@ import random
 import torch
 import torch.nn.functional as F
 
-from vllm_dllm.decoding.base import DecodeState, SpecialIds, make_rule
+from vllm_dllm.decoding.base import DecodeState, SpecialIds
+from vllm_dllm.decoding.rules import make_rule
 from vllm_dllm.options import LLADA, LLaDAOptions
 from vllm_dllm.tasks import TEST, Task, score
 from vllm_dllm.training.batches import Encoder, pack

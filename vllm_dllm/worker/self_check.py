@@ -31,7 +31,7 @@ import torch
 
 from vllm_dllm.attention.backends import TorchAttention
 from vllm_dllm.attention.metadata import attention_metadata
-from vllm_dllm.engine import philox
+from vllm_dllm.decoding import philox
 from vllm_dllm.engine.engine import StepEngine
 from vllm_dllm.options import OptionError, resolve, sequence_copies
 
@@ -199,7 +199,7 @@ def check_philox(device: torch.device, candidate: Callable | None = None,
     """`candidate` (the Triton kernel by default) against the torch Philox: identical
     bits required (the contract is bit-exact: tolerance 0)."""
     if candidate is None:
-        from vllm_dllm.engine.triton_philox import uniform_rows_triton as candidate
+        from vllm_dllm.decoding.triton_philox import uniform_rows_triton as candidate
     name = "Triton Philox kernel"
     seeds, steps, positions = (torch.tensor(v, dtype=torch.int64, device=device) for v in (_SEEDS, _STEPS, _POSITIONS))
     compared = differing = 0
@@ -249,7 +249,7 @@ def run(engine_kwargs: dict, defaults, *, num_blocks: int, vocab_size: int, dtyp
     whether the engine keeps its backend and graphs; a failing Philox kernel is
     switched off for sampling here.  `philox_candidate`: the kernel to check (the
     Triton one, where Triton is installed, by default)."""
-    from vllm_dllm.engine import triton_philox
+    from vllm_dllm.decoding import triton_philox
 
     keep = True
     if engine_kwargs["backend"].name != "torch":  # torch is the reference itself

@@ -1,4 +1,4 @@
-"""Philox4x32-10 uniforms in Triton: the bits of `vllm_dllm.engine.philox` (whose
+"""Philox4x32-10 uniforms in Triton: the bits of `vllm_dllm.decoding.philox` (whose
 docstring holds the contract), computed on device.
 
 * `uniform_rows_triton(seeds, steps, positions, stream, n, dtype)` returns exactly
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_dllm.engine.philox import M0, M1, MASK32, W0, W1, check_uniform_dtype
+from vllm_dllm.decoding.philox import M0, M1, MASK32, W0, W1, check_uniform_dtype
 
 try:  # pragma: no cover - depends on whether triton is installed
     import triton
@@ -122,11 +122,11 @@ _INTERPRETED = HAS_TRITON and type(_uniform_rows_kernel).__name__ == "Interprete
 
 def _require_triton(device: torch.device | None = None) -> None:
     if not TRITON_INSTALLED:
-        raise RuntimeError("vllm_dllm.engine.triton_philox needs triton, which is not installed")
+        raise RuntimeError("vllm_dllm.decoding.triton_philox needs triton, which is not installed")
     if device is not None and device.type == "cpu" and not _INTERPRETED:
         raise ValueError(
             "CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 when this module is "
-            "first imported); use vllm_dllm.engine.philox on CPU"
+            "first imported); use vllm_dllm.decoding.philox on CPU"
         )
 
 

@@ -3,7 +3,7 @@
 Every random draw of a request is a pure function of (request seed, denoising step,
 canvas position, stream, index), so it does not depend on which other requests
 share the batch, on how rows are chunked, or on the device.  This module is the
-torch reference (vectorised, any device); `vllm_dllm.engine.triton_philox`
+torch reference (vectorised, any device); `vllm_dllm.decoding.triton_philox`
 produces the same bits in Triton.  It imports no vLLM.
 
 Contract (enough to reproduce every bit independently)
