@@ -29,7 +29,7 @@ vllm-surface: setup
 	$(BIN)/python -m vllm_dllm.tools.vllm_surface_check --release $(VLLM) \
 		--report docs/vllm-$(basename $(VLLM))-surface.md
 
-# The embedded default: the small task model trained by vllm_dllm.tools.train.
+# The embedded default: the small task model trained by lab.train.
 serve: setup
 	VLLM_PLUGINS=dllm $(BIN)/vllm serve $$($(BIN)/python -m vllm_dllm.default_model) --served-model-name vllm-dllm-task \
 		--host $(HOST) --port $(PORT) \

@@ -5,7 +5,7 @@
         [--settings default,all-cores,nobind,inproc,inproc-1t] [--rounds 2] [--repeats 3]
 
 Workload: offline `vllm.LLM(...).generate` of 32 requests submitted at once on the
-shipped task model, with task prompts (the held-out split of vllm_dllm.tasks, an
+shipped task model, with task prompts (the held-out split of lab.tasks, an
 equal mix of the four tasks, chat template applied, passed as token ids), a 32-token
 canvas, block 8, 32 steps, dual cache, ignore_eos.  `max_num_seqs` and
 `max_num_batched_tokens` are set so every request can run every engine step (a
@@ -14,7 +14,7 @@ the all-Refresh step if that is larger); the batch size of every step is recorde
 
 The tree measured is whichever `vllm_dllm` Python imports (PYTHONPATH first): the
 script only uses vLLM's public surface, `vllm_dllm.default_model.PATH` and
-`vllm_dllm.tasks`, and records `vllm_dllm.__file__` as the worker process sees it.
+`lab.tasks`, and records `vllm_dllm.__file__` as the worker process sees it.
 
 Timers live in the worker process, through vLLM's `worker_extension_cls` (the mixin
 in worker_timing.py; no vLLM or plugin code is changed), so the default multiprocess
@@ -59,6 +59,8 @@ import time
 
 from engine_overhead_report import table
 from worker_timing import cpus_allowed, machine_busy_seconds
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -186,7 +188,7 @@ def _git(tree: pathlib.Path, *args: str) -> str:
 def build_prompts(tokenizer, n: int, seed: int) -> tuple[list[list[int]], list[str]]:
     import random
 
-    from vllm_dllm.tasks import TASKS, TEST
+    from lab.tasks import TASKS, TEST
 
     rng = random.Random(seed)
     names = sorted(TASKS)

@@ -104,11 +104,11 @@ train)
           --working-first-share 0.5 --altered-working-share 0.5
           --eval-every 1000 --eval-n 24 --save-every 200)
     # shellcheck disable=SC2086
-    "$py" -m vllm_dllm.tools.train "${conv[@]}" "${start[@]}" --device "${TRAIN_DEVICE:-cuda}" --threads "${TRAIN_THREADS:-8}" \
+    "$py" -m lab.train "${conv[@]}" "${start[@]}" --device "${TRAIN_DEVICE:-cuda}" --threads "${TRAIN_THREADS:-8}" \
         --minutes "${TRAIN_MINUTES:-8}" ${TRAIN_ARGS:-} 2>&1 | tee "$out/train.log" \
         | grep -iE '"accuracy"|"level"|resumed|initialised|wrote|error'
     trained=${PIPESTATUS[0]}
-    "$py" -m vllm_dllm.tools.train "${conv[@]}" --export-weights "$out/weights.pt" && \
+    "$py" -m lab.train "${conv[@]}" --export-weights "$out/weights.pt" && \
         cp -r "$runs/gpu-conv/model" "$runs/gpu-conv/train_log.jsonl" "$out/"
     copied=$?
     [ "$trained" -eq 0 ] && [ "$copied" -eq 0 ]
@@ -132,7 +132,7 @@ train-matrix)
     for name in "${!config[@]}"; do
         rm -rf "$runs/gpu-$name"  # from scratch: no earlier log to append to
         # shellcheck disable=SC2086
-        "$py" -m vllm_dllm.tools.train "${shape[@]}" --out "$runs/gpu-$name" ${config[$name]} \
+        "$py" -m lab.train "${shape[@]}" --out "$runs/gpu-$name" ${config[$name]} \
             >"$out/$name.log" 2>&1 &
     done
     sleep "${TRAIN_PEEK_S:-90}"
@@ -162,7 +162,7 @@ lookup-probes)
     for name in "${!config[@]}"; do
         rm -rf "$runs/probe-$name"
         # shellcheck disable=SC2086
-        "$py" -m vllm_dllm.tools.train "${small[@]}" --out "$runs/probe-$name" ${config[$name]} >"$out/$name.log" 2>&1 &
+        "$py" -m lab.train "${small[@]}" --out "$runs/probe-$name" ${config[$name]} >"$out/$name.log" 2>&1 &
     done
     failed=0
     for job in $(jobs -p); do wait "$job" || failed=1; done

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/json_outputs.py --out benchmarks/results/json-outputs/NAME
 
 Starts `make serve` (the shipped task model, default settings) and sends the same
-addition prompts (vllm_dllm/tasks.py) as four kinds of chat request, without
+addition prompts (lab/tasks.py) as four kinds of chat request, without
 max_tokens (the server's default canvas):
 
 * plain: unconstrained;
@@ -37,9 +37,9 @@ import time
 import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # lab/ sits at the repository root
 
-from vllm_dllm.tasks import Addition  # noqa: E402
+from lab.tasks import Addition  # noqa: E402
 
 MODEL = "vllm-dllm-task"
 SUM_SCHEMA = {"type": "object", "properties": {"sum": {"type": "integer"}}, "required": ["sum"]}

@@ -16,6 +16,8 @@ lookup that is forming from one that is absent until accuracy moves.
 
 from __future__ import annotations
 
+import sys
+
 import argparse
 import json
 import pathlib
@@ -24,10 +26,11 @@ import re
 
 import torch
 
-from vllm_dllm.tasks import TEST, Retrieval
-from vllm_dllm.training.batches import Llada2Encoder
-from vllm_dllm.tools.train_llada2 import saved_llada2_model
-from vllm_dllm.training import llada2
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
+from lab.tasks import TEST, Retrieval  # noqa: E402
+from lab.training.batches import Llada2Encoder  # noqa: E402
+from lab.train_llada2 import saved_llada2_model  # noqa: E402
+from lab.training import llada2  # noqa: E402
 
 PAIR_COUNTS = (2, 4, 8, 40)
 KEY = re.compile(r";[a-z]{2}=")

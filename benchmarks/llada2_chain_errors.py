@@ -48,8 +48,10 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))  # report.py beside this script
 
 from report import print_and_write  # noqa: E402
-from vllm_dllm.eval import OFFLINE_ENGINE, OfflineRunner, instances  # noqa: E402
-from vllm_dllm.tasks import ALL_TASKS, Instance  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
+from lab.eval import OFFLINE_ENGINE, OfflineRunner, instances  # noqa: E402
+from lab.tasks import ALL_TASKS, Instance  # noqa: E402
 
 CLASSES = (
     "correct",
@@ -203,7 +205,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0, help="the eval's instances for the same seed")
-    ap.add_argument("--xargs", default="{}", help="decoding options, as vllm_dllm.eval's")
+    ap.add_argument("--xargs", default="{}", help="decoding options, as lab.eval's")
     ap.add_argument("--out", type=pathlib.Path, default=None)
     args = ap.parse_args(argv)
     xargs = json.loads(args.xargs)

@@ -14,6 +14,8 @@ scored with the LLaDA model's own rows, so the chat frame is LLaDA's in every ro
 
 from __future__ import annotations
 
+import sys
+
 import argparse
 import pathlib
 import random
@@ -21,9 +23,10 @@ import tempfile
 
 import torch
 
-from vllm_dllm.tasks import TASKS, TEST
-from vllm_dllm.training.batches import Encoder
-from vllm_dllm.training import convert_llada, llada2
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
+from lab.tasks import TASKS, TEST  # noqa: E402
+from lab.training.batches import Encoder  # noqa: E402
+from lab.training import convert_llada, llada2  # noqa: E402
 
 
 def converted_model(src: pathlib.Path, tok_dir: pathlib.Path, cfg: dict):

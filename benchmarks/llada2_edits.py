@@ -1,7 +1,7 @@
 """How often LLaDA2.1's token edits fix or break a token, against the answer,
 on an LLaDA2-format task model.
 
-    python -m vllm_dllm.tools.train --arch llada2 --out runs/llada2-run1 --export /tmp/llada2-model
+    python -m lab.train --arch llada2 --out runs/llada2-run1 --export /tmp/llada2-model
     python benchmarks/llada2_edits.py --model /tmp/llada2-model --n 30 --out benchmarks/results/llada2-edits
 
 An edit rewrites a committed token.  Each one is classed against the answer's token at
@@ -10,7 +10,7 @@ block): *fixed* (wrong before, right after), *broke* (right before, wrong after)
 *wrong to wrong*.  The served engine reports only how many tokens a step edited, so
 the edits are traced by the reference decoding loop of tests/oracle_llada2.py, which
 the plugin matches token for token (tests/test_llada2_decoding.py), on held-out
-instances of every task at the length vllm_dllm.eval asks for (at least one block),
+instances of every task at the length lab.eval asks for (at least one block),
 greedy, for LLaDA2.1's quality and speed modes and a sweep of the editing threshold
 over threshold 0.7.  Also reported: exact match, edits per
 request and forwards per request.  Writes results.json, table.md and edits.png (fixed,
@@ -29,12 +29,14 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the reference loop lives with the tests
 
 from tests.oracle_llada2 import llada2_generate, load_llada2_oracle  # noqa: E402
-from vllm_dllm.eval import canvas_for, instances  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
+from lab.eval import canvas_for, instances  # noqa: E402
 from vllm_dllm.options import LLADA2, resolve  # noqa: E402
 from vllm_dllm.server_defaults import ServerDefaults  # noqa: E402
-from vllm_dllm.tasks import closest_answer, resolve_tasks, score  # noqa: E402
-from vllm_dllm.training.batches import Llada2Encoder  # noqa: E402
-from vllm_dllm.training.llada2_objective import extend_to_block  # noqa: E402
+from lab.tasks import closest_answer, resolve_tasks, score  # noqa: E402
+from lab.training.batches import Llada2Encoder  # noqa: E402
+from lab.training.llada2_objective import extend_to_block  # noqa: E402
 
 SETTINGS = {
     "2.1 quality": {"mode": "quality"},
@@ -65,7 +67,7 @@ def run_setting(oracle, encoder, ids: dict, defaults, xargs: dict, tasks, n: int
             return resolve(defaults, max_tokens=max_tokens, temperature=0.0, top_p=1.0, top_k=0,
                            extra_args=dict(xargs))
 
-        # The request size vllm_dllm.eval asks for: at least one block.
+        # The request size lab.eval asks for: at least one block.
         gen_length = canvas_for(task, resolved(task.gen_length))
         options = resolved(gen_length)
         totals = {"fixed": 0, "broke": 0, "wrong_to_wrong": 0}

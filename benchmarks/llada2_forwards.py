@@ -19,6 +19,8 @@ import random
 import sys
 import tempfile
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -57,7 +59,7 @@ def main(argv=None) -> int:
     from tests.oracle_llada2 import llada2_generate, load_llada2_oracle
     from vllm import SamplingParams
 
-    from vllm_dllm import eval as task_eval
+    from lab import eval as task_eval
     from vllm_dllm.tools.make_tiny import make_tiny
 
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="llada2-forwards-"))

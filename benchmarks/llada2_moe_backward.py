@@ -12,6 +12,9 @@ the same output and input gradient (float32 rounding apart).
 
 from __future__ import annotations
 
+import pathlib
+import sys
+
 import argparse
 import json
 import statistics
@@ -19,7 +22,8 @@ import time
 
 import torch
 
-from vllm_dllm.training import llada2
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
+from lab.training import llada2  # noqa: E402
 
 MOE = dict(num_experts=16, experts_per_token=4, n_group=4, topk_group=2, moe_intermediate=144, shared_experts=4,
            dense_layers=1)

@@ -28,8 +28,10 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))  # report.py beside this script
 
 from report import print_and_write  # noqa: E402
-from vllm_dllm.eval import OFFLINE_ENGINE, OfflineRunner  # noqa: E402
-from vllm_dllm.tasks import TEST, TRAIN, Instance, Multiply, multiply_product, score  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
+from lab.eval import OFFLINE_ENGINE, OfflineRunner  # noqa: E402
+from lab.tasks import TEST, TRAIN, Instance, Multiply, multiply_product, score  # noqa: E402
 
 MULTIPLICAND_DIGITS = (2, 3, 4)
 TENS_EXPLANATIONS = ("carry left out", "a0*b1 left out", "a1*b0 left out", "right +1", "right -1", "right +2",

@@ -26,7 +26,9 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))  # report.py beside this script
 
 from report import print_and_write  # noqa: E402
-from vllm_dllm.tasks import TEST, Instance, Multiply, multiply_factors, score  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
+from lab.tasks import TEST, Instance, Multiply, multiply_factors, score  # noqa: E402
 
 CHECKS = ("written as p0+p1=product", "p0 right", "p1 right", "both partial products right",
           "product = p0 + p1 as written", "product right", "whole answer right")
@@ -71,7 +73,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=pathlib.Path, default=None)
     args = ap.parse_args(argv)
-    from vllm_dllm.eval import OFFLINE_ENGINE, OfflineRunner
+    from lab.eval import OFFLINE_ENGINE, OfflineRunner
 
     runner = OfflineRunner(args.model, OFFLINE_ENGINE)
     items = products(args.n, args.seed)

@@ -27,11 +27,13 @@ sys.path.insert(0, str(HERE))  # report.py beside this script
 from llada2_sum_from_working import one_forward  # noqa: E402
 from report import print_and_write  # noqa: E402
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
+
 PLACES = 6  # places reported one by one; higher ones are pooled into the last
 
 
 def pairs(n: int) -> dict[str, list[tuple[int, int]]]:
-    from vllm_dllm.tasks import TEST, Multiply, WorkingSum, multiply_factors
+    from lab.tasks import TEST, Multiply, WorkingSum, multiply_factors
 
     rng = random.Random("padded-sum")
     own = [WorkingSum().sample(rng, TEST).answer for _ in range(n)]
@@ -54,9 +56,9 @@ def sum_digits_from_units(hits: list[bool], total: int) -> list[bool]:
 
 
 def measure(state_path: pathlib.Path, width: int | None, sets: dict) -> dict:
-    from vllm_dllm.tools.train_llada2 import saved_llada2_model
-    from vllm_dllm.training.batches import Llada2Encoder
-    from vllm_dllm.training.run_state import load_state
+    from lab.train_llada2 import saved_llada2_model
+    from lab.training.batches import Llada2Encoder
+    from lab.training.run_state import load_state
 
     state = load_state(state_path)
     model, ids, _, _ = saved_llada2_model(state, state_path)
@@ -112,7 +114,7 @@ def main(argv=None) -> int:
         ap.error(f"--n {args.n}: at least one pair")
     import torch
 
-    from vllm_dllm.tasks import AUX_TASKS
+    from lab.tasks import AUX_TASKS
 
     torch.set_num_threads(args.threads)
     width = args.width or AUX_TASKS["padded_sum"].width

@@ -14,6 +14,8 @@ letters of a value gives mixed letters.
 
 from __future__ import annotations
 
+import sys
+
 import argparse
 import collections
 import json
@@ -23,10 +25,11 @@ import re
 
 import torch
 
-from vllm_dllm.tasks import TEST, Retrieval
-from vllm_dllm.training.batches import Llada2Encoder
-from vllm_dllm.tools.train_llada2 import saved_llada2_model
-from vllm_dllm.training import llada2
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
+from lab.tasks import TEST, Retrieval  # noqa: E402
+from lab.training.batches import Llada2Encoder  # noqa: E402
+from lab.train_llada2 import saved_llada2_model  # noqa: E402
+from lab.training import llada2  # noqa: E402
 
 SIZES = ((2, 2), (3, 3), (4, 4), (6, 14))
 

@@ -2,7 +2,7 @@
 task model.
 
     python benchmarks/llada2_rules.py --model DIR --n 200 --out benchmarks/results/llada2-rules
-    python -m vllm_dllm.tools.train --out runs/llada2-run1 --export /tmp/llada2-model   # DIR from a run
+    python -m lab.train --out runs/llada2-run1 --export /tmp/llada2-model   # DIR from a run
 
 One engine (offline, through the plugin) decodes the same held-out instances of every
 task under each setting: LLaDA2.0's threshold rule at 0.95 / 0.9 / 0.7 / 0.5 (its
@@ -21,13 +21,17 @@ Writes results.json, results.md and accuracy_vs_forwards.png.
 
 from __future__ import annotations
 
+import sys
+
 import argparse
 import json
 import pathlib
 
 from task_sweep import add_task_arguments, run_points, save_task_figure, task_panels
-from vllm_dllm.eval import paired_difference
-from vllm_dllm.tasks import TASK_GROUPS
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
+from lab.eval import paired_difference  # noqa: E402
+from lab.tasks import TASK_GROUPS  # noqa: E402
 
 # The block length the task model trains at (`train --block-length`, LLaDA2's 32).  The
 # attention is block-causal, so another length is another mask: at blocks of 8 the

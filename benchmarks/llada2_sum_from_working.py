@@ -29,6 +29,8 @@ sys.path.insert(0, str(HERE))  # report.py beside this script
 
 from report import print_and_write  # noqa: E402
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
+
 
 def one_forward(model, encoder, ids, block: int, prompt: str, shown: str, hidden: str) -> list[bool]:
     """Per token of `hidden`, whether the argmax of one forward over the prompt, `shown`
@@ -36,7 +38,7 @@ def one_forward(model, encoder, ids, block: int, prompt: str, shown: str, hidden
     window), is that token."""
     import torch
 
-    from vllm_dllm.training.llada2 import block_causal_mask
+    from lab.training.llada2 import block_causal_mask
 
     p = encoder.prompt(prompt)
     given = encoder.tok.encode(shown, add_special_tokens=False) if shown else []
@@ -54,11 +56,11 @@ def one_forward(model, encoder, ids, block: int, prompt: str, shown: str, hidden
 
 
 def measure(state_path: pathlib.Path, n: int, width: int | None = None) -> dict:
-    from vllm_dllm.tasks import TEST, Addition, Multiply, multiply_answer, multiply_factors
-    from vllm_dllm.tools.train_llada2 import saved_llada2_model
-    from vllm_dllm.training.altered_working import altered_working
-    from vllm_dllm.training.batches import Llada2Encoder
-    from vllm_dllm.training.run_state import load_state
+    from lab.tasks import TEST, Addition, Multiply, multiply_answer, multiply_factors
+    from lab.train_llada2 import saved_llada2_model
+    from lab.training.altered_working import altered_working
+    from lab.training.batches import Llada2Encoder
+    from lab.training.run_state import load_state
 
     state = load_state(state_path)
     model, ids, _, _ = saved_llada2_model(state, state_path)

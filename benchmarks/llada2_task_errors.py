@@ -33,8 +33,10 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))  # report.py beside this script
 
 from report import print_and_write  # noqa: E402
-from vllm_dllm.eval import OFFLINE_ENGINE, OfflineRunner, instances  # noqa: E402
-from vllm_dllm.tasks import ALL_TASKS, Instance, multiply_product, score  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
+from lab.eval import OFFLINE_ENGINE, OfflineRunner, instances  # noqa: E402
+from lab.tasks import ALL_TASKS, Instance, multiply_product, score  # noqa: E402
 
 SORT_CLASSES = (
     "correct",

@@ -34,6 +34,8 @@ import sys
 import time
 import urllib.request
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
+
 HERE = pathlib.Path(__file__).resolve().parent
 BIN = pathlib.Path(sys.executable).parent
 MODEL_NAME = "vllm-dllm-task"
@@ -42,7 +44,7 @@ LOGLIKELIHOOD = {"local-completions": "loglikelihood: chain rule", "dllm-complet
 
 
 def documents(tokenizer, n: int, seed: int) -> list[dict]:
-    from vllm_dllm.tasks import TASKS, TEST
+    from lab.tasks import TASKS, TEST
 
     rng = random.Random(seed)
     docs = []

@@ -15,12 +15,16 @@ under the same cache.  Writes results.json, results.md and accuracy_vs_steps.png
 
 from __future__ import annotations
 
+import sys
+
 import argparse
 import json
 import pathlib
 
 from task_sweep import BLOCKS, add_task_arguments, run_points, save_task_figure, task_panels
-from vllm_dllm.tasks import TASKS
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
+from lab.tasks import TASKS  # noqa: E402
 
 CACHES = {"none": {"cache": "none"}, "dual": {"cache": "dual"}}
 SETTINGS = {

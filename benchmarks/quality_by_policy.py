@@ -17,12 +17,16 @@ schedule and where K/V comes from:
 
 from __future__ import annotations
 
+import sys
+
 import argparse
 import json
 import pathlib
 
 from task_sweep import BLOCKS, add_task_arguments, run_points
-from vllm_dllm.tasks import TASKS
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
+from lab.tasks import TASKS  # noqa: E402
 
 POLICIES = {
     "exact": None,

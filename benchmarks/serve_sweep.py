@@ -55,6 +55,8 @@ import threading
 import time
 import urllib.request
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BIN = pathlib.Path(sys.executable).parent
 
@@ -95,7 +97,7 @@ WORKLOADS = {
 }
 
 
-# The task workloads: which task group (vllm_dllm.tasks.TASK_GROUPS) each draws from.
+# The task workloads: which task group (lab.tasks.TASK_GROUPS) each draws from.
 TASK_WORKLOADS = {"tasks": "all", "hard-tasks": "hard"}
 
 
@@ -103,7 +105,7 @@ def task_prompts(path: pathlib.Path, count: int, group: str = "all", seed: int =
     """A custom-dataset file of held-out task prompts: {"prompt", "output_tokens"} lines."""
     import random
 
-    from vllm_dllm.tasks import ALL_TASKS, TASK_GROUPS, TEST
+    from lab.tasks import ALL_TASKS, TASK_GROUPS, TEST
 
     rng = random.Random(seed)
     names = sorted(TASK_GROUPS[group])

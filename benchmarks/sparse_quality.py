@@ -26,13 +26,17 @@ and task, and retrieval at r=0.5 against dual) and accuracy_vs_retention.png;
 
 from __future__ import annotations
 
+import sys
+
 import argparse
 import json
 import math
 import pathlib
 
 from task_sweep import BLOCKS, add_task_arguments, run_points, save_task_figure, task_panels
-from vllm_dllm.tasks import TASKS
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
+from lab.tasks import TASKS  # noqa: E402
 
 RETENTIONS = (0.1, 0.2, 0.3, 0.5, 1.0)
 SELECTIONS = ("head", "uniform")

@@ -3,9 +3,13 @@ the plugin under a list of settings, one engine for all of them."""
 
 from __future__ import annotations
 
-from vllm_dllm import eval as task_eval
-from vllm_dllm.default_model import PATH as DEFAULT_MODEL
-from vllm_dllm.tasks import ALL_TASKS
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
+from lab import eval as task_eval  # noqa: E402
+from vllm_dllm.default_model import PATH as DEFAULT_MODEL  # noqa: E402
+from lab.tasks import ALL_TASKS  # noqa: E402
 
 # Block length per task: short canvases in two blocks, long ones in blocks of 8.
 BLOCKS = {"retrieval": 4, "addition": 4, "copy": 8, "reverse": 8}
@@ -42,7 +46,7 @@ def task_panels(rows: list[dict]):
 def run_points(model: str, points: list[tuple[dict, str, dict]], n: int, seed: int,
                counters: dict[str, str] | None = None) -> list[dict]:
     """Each point is (labels, task, xargs); returns one row per point: the labels,
-    the xargs and the task result (vllm_dllm.eval.TaskResult's fields), plus per
+    the xargs and the task result (lab.eval.TaskResult's fields), plus per
     request the growth of each of the plugin's `counters` (row key -> metric name)."""
     import prometheus_client
 

@@ -7,7 +7,7 @@ import random
 
 import torch
 
-from vllm_dllm.training import llada2, llada2_objective
+from lab.training import llada2, llada2_objective
 
 MOE = dict(num_experts=8, experts_per_token=2, n_group=4, topk_group=2, moe_intermediate=32, shared_experts=1,
            dense_layers=1)

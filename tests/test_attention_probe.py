@@ -8,9 +8,9 @@ import random
 import torch
 
 from tests.conftest import benchmark_module
-from vllm_dllm.tasks import TEST, Retrieval
-from vllm_dllm.training.batches import Llada2Encoder
-from vllm_dllm.training import llada2
+from lab.tasks import TEST, Retrieval
+from lab.training.batches import Llada2Encoder
+from lab.training import llada2
 
 
 

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from tests.conftest import benchmark_module
-from vllm_dllm.tasks import ALL_TASKS, TEST, Instance
+from lab.tasks import ALL_TASKS, TEST, Instance
 
 
 

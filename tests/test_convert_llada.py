@@ -9,9 +9,9 @@ import pathlib
 import pytest
 import torch
 
-from vllm_dllm.training import convert_llada, llada2
-from vllm_dllm.training.checkpoint import build_tokenizer, write_checkpoint
-from vllm_dllm.training.model import TrainableLLaDA, rope
+from lab.training import convert_llada, llada2
+from lab.training.checkpoint import build_tokenizer, write_checkpoint
+from lab.training.model import TrainableLLaDA, rope
 
 HIDDEN, LAYERS, HEADS, MLP = 64, 3, 2, 96
 MOE = dict(num_experts=4, experts_per_token=2, n_group=2, topk_group=1, moe_intermediate=48, shared_experts=2,
@@ -133,7 +133,7 @@ def test_shapes_that_cannot_take_the_weights_are_refused(tmp_path):
 
 
 def test_train_refuses_a_shape_or_option_the_conversion_cannot_honour(tmp_path, capsys):
-    from vllm_dllm.tools import train
+    from lab import train
 
     _llada_checkpoint(tmp_path / "llada")
     common = ["--arch", "llada2", "--out", str(tmp_path / "run"), "--init-from", str(tmp_path / "llada"),

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from tests.llada2_tiny import MOE, SHAPE, SIZES
-from vllm_dllm.tools import train
-from vllm_dllm.training import llada2
-from vllm_dllm.training.grow import grown_state_dict, layer_placement
+from lab import train
+from lab.training import llada2
+from lab.training.grow import grown_state_dict, layer_placement
 
 
 def _model(layers: int, seed: int, hidden: int = SHAPE["hidden"]) -> llada2.TrainableLLaDA2:

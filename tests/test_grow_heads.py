@@ -10,9 +10,9 @@ import torch
 from tests.oracle_llada2 import block_causal_mask, load_llada2_oracle
 from tests.test_grow_depth import backward_on_random_targets
 from tests.llada2_tiny import MOE, SHAPE, SIZES
-from vllm_dllm.tools import train
-from vllm_dllm.training import llada2
-from vllm_dllm.training.grow import reshape_for_growth, widened_heads
+from lab import train
+from lab.training import llada2
+from lab.training.grow import reshape_for_growth, widened_heads
 
 HEAD_DIM = SHAPE["hidden"] // SHAPE["heads"]
 

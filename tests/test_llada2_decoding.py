@@ -21,7 +21,7 @@ from vllm import SamplingParams
 from tests.conftest import random_prompt
 from tests.oracle_llada2 import llada2_generate, load_llada2_oracle
 from tests.tie_free import compare_each_case
-from vllm_dllm import eval as task_eval
+from lab import eval as task_eval
 from vllm_dllm.options import LLADA2_MODES
 
 

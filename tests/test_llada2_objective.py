@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.llada2_tiny import VOCAB, canvas_rows, prefix_lengths, tiny_model
-from vllm_dllm.training import llada2, llada2_objective
+from lab.training import llada2, llada2_objective
 
 
 def test_two_copy_layout_attends_as_block_causal_decoding():
@@ -194,8 +194,8 @@ def test_given_working_is_shown_as_written_and_never_masked_edited_or_scored():
 
 
 def test_altered_working_sums_the_partial_products_as_written():
-    from vllm_dllm.tasks import TRAIN, Instance, Multiply, multiply_answer
-    from vllm_dllm.training.altered_working import altered_working
+    from lab.tasks import TRAIN, Instance, Multiply, multiply_answer
+    from lab.training.altered_working import altered_working
 
     rng, task = random.Random(6), Multiply()
     altered_units = altered_tens = 0
@@ -221,8 +221,8 @@ def test_altered_working_sums_the_partial_products_as_written():
 
 
 def test_altered_working_keeps_a_padded_workings_width():
-    from vllm_dllm.tasks import TRAIN, Multiply
-    from vllm_dllm.training.altered_working import altered_working
+    from lab.tasks import TRAIN, Multiply
+    from lab.training.altered_working import altered_working
 
     rng, task = random.Random(7), Multiply(width=6)
     drawn = wider = 0

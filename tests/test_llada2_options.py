@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import pytest
 
 from tests.options_fixtures import llada as llada_server
-from vllm_dllm.eval import canvas_for, served_decoding
+from lab.eval import canvas_for, served_decoding
 from vllm_dllm.options import LLADA2, OptionError, resolve
 from vllm_dllm.options.llada2 import unsupported_release
 from vllm_dllm.phases import block_causal_phase
 from vllm_dllm.server_defaults import ServerDefaults
-from vllm_dllm.tasks import ALL_TASKS
+from lab.tasks import ALL_TASKS
 
 
 def options(extra=None, server=None, generation=None, max_tokens=40, temperature=0.0, top_k=0, top_p=1.0):

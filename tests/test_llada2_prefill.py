@@ -17,7 +17,7 @@ from tests.conftest import random_prompt
 from tests.oracle_llada2 import llada2_generate, load_llada2_oracle
 from tests.test_llada2_decoding import Case
 from tests.tie_free import compare_each_case, compare_until
-from vllm_dllm import eval as task_eval
+from lab import eval as task_eval
 
 BLOCK = 8
 CHUNK = 3 * BLOCK  # --long-prefill-token-threshold: a prefill step runs at most three blocks

@@ -104,9 +104,9 @@ def test_chat_uses_the_ling_frame(server, client, model_dir):
 def test_eval_decodes_with_the_servers_defaults(server):
     # The eval against a LLaDA2 server asks for at least one block and sets only what
     # --xargs sets: LLaDA's exact steps and block_length would change the attention
-    # mask of a block-causal model (vllm_dllm.eval's docstring).
-    from vllm_dllm.eval import ServerRunner
-    from vllm_dllm.tasks import ALL_TASKS, Instance
+    # mask of a block-causal model (lab.eval's docstring).
+    from lab.eval import ServerRunner
+    from lab.tasks import ALL_TASKS, Instance
 
     runner = ServerRunner(server.base_url, None)
     assert not runner.exact and runner.block_length == 32

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm_dllm import eval as task_eval
+from lab import eval as task_eval
 from vllm_dllm.llada2_model import PATH
-from vllm_dllm.tasks import ALL_TASKS, TASK_GROUPS
-from vllm_dllm.training.run_state import CURRICULUM_FILE
+from lab.tasks import ALL_TASKS, TASK_GROUPS
+from lab.training.run_state import CURRICULUM_FILE
 
 # Right answers of 16 held-out instances.  multiply (90.5% over 600) is the task the
 # padded working taught; a four-digit product is never right by chance.

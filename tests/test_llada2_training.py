@@ -14,11 +14,11 @@ import torch
 from tests.llada2_tiny import MOE, SHAPE, SIZES, CharEncoder, tiny_model
 from tests.oracle_llada2 import block_causal_mask as oracle_mask
 from tests.oracle_llada2 import llada2_generate, load_llada2_oracle
-from vllm_dllm.tasks import ALL_TASKS, TEST
-from vllm_dllm.tools import train
-from vllm_dllm.training import llada2
-from vllm_dllm.training.batches import Llada2Encoder
-from vllm_dllm.training.run_state import CURRICULUM_FILE
+from lab.tasks import ALL_TASKS, TEST
+from lab import train
+from lab.training import llada2
+from lab.training.batches import Llada2Encoder
+from lab.training.run_state import CURRICULUM_FILE
 
 
 @pytest.mark.parametrize("per_token, starved", [(2, None), (1, 3)])
@@ -128,7 +128,7 @@ def test_a_run_starts_from_a_llada2_checkpoint_folder(trained, tmp_path):
 def test_an_exported_folder_carries_its_runs_curriculum_levels(trained, tmp_path, records_settings):
     import shutil
 
-    from vllm_dllm.training.curriculum import Curriculum
+    from lab.training.curriculum import Curriculum
 
     adaptive = Curriculum(["addition", "multiply"], threshold=0.9)
     adaptive.levels.update(addition=0.3, multiply=0.6)
@@ -180,7 +180,7 @@ def test_the_plugin_serves_the_trained_checkpoint(trained):
     # prompts whose reference run has no exact tie.
     from vllm import SamplingParams
 
-    from vllm_dllm import eval as task_eval
+    from lab import eval as task_eval
 
     model_dir = trained / "model"
     runner = task_eval.OfflineRunner(
@@ -297,7 +297,7 @@ def test_mimetic_qk_option_is_checked(tmp_path):
 
 
 def test_mask_range_is_parsed_per_task_and_checked(tmp_path):
-    from vllm_dllm.training.schedule import parse_mask_ranges
+    from lab.training.schedule import parse_mask_ranges
 
     names = ["addition", "multiply"]
     assert parse_mask_ranges("", names) == {"addition": (0.0, 1.0), "multiply": (0.0, 1.0)}
@@ -318,8 +318,8 @@ def test_mask_range_is_parsed_per_task_and_checked(tmp_path):
 
 
 def test_working_first_share_orders_only_rows_that_write_working(tmp_path):
-    from vllm_dllm.tasks import Instance
-    from vllm_dllm.tools.train_llada2 import working_first
+    from lab.tasks import Instance
+    from lab.train_llada2 import working_first
 
     encoder = CharEncoder()
     rows = [Instance("multiply", "mul 4821*97=", "33747+433890=467637"), Instance("multiply", "mul 48*7=", "336"),
@@ -339,8 +339,8 @@ def test_working_first_share_orders_only_rows_that_write_working(tmp_path):
 
 
 def test_altered_working_share_rewrites_only_rows_that_write_working(tmp_path):
-    from vllm_dllm.tasks import Instance
-    from vllm_dllm.tools.train_llada2 import alter_working
+    from lab.tasks import Instance
+    from lab.train_llada2 import alter_working
 
     rows = [Instance("multiply", "mul 4821*97=", "33747+433890=467637"), Instance("multiply", "mul 48*7=", "336"),
             Instance("addition", "add 1+2=", "3")]
@@ -370,8 +370,8 @@ def test_altered_working_share_rewrites_only_rows_that_write_working(tmp_path):
 
 
 def test_a_working_given_task_trains_with_its_working_given_and_is_not_generated(tmp_path):
-    from vllm_dllm.tasks import AUX_TASKS, Instance
-    from vllm_dllm.tools.train_llada2 import alter_working, given_working
+    from lab.tasks import AUX_TASKS, Instance
+    from lab.train_llada2 import alter_working, given_working
 
     encoder = CharEncoder()
     rows = [Instance("working_sum", "sum the working", "6634+9910=16544"), Instance("working_sum", "sum the working",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import benchmark_module
-from vllm_dllm.tasks import TEST, TRAIN, Instance, _split_of
+from lab.tasks import TEST, TRAIN, Instance, _split_of
 
 
 def _benchmark():

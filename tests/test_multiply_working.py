@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import benchmark_module
-from vllm_dllm.tasks import TEST, Instance, _split_of, multiply_factors
+from lab.tasks import TEST, Instance, _split_of, multiply_factors
 
 
 def _benchmark():

@@ -7,7 +7,7 @@ import pathlib
 
 from tests.conftest import benchmark_module
 from tests.llada2_tiny import SIZES
-from vllm_dllm.tools import train
+from lab import train
 
 
 def test_layouts_and_only_the_sums_own_digits_are_scored():

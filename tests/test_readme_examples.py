@@ -42,7 +42,7 @@ def doc_examples(extract) -> list[tuple[str, object]]:
 
 
 def expected_answer(prompt: str) -> str:
-    """The correct answer of a task prompt (vllm_dllm/tasks.py formats), from its text."""
+    """The correct answer of a task prompt (lab/tasks.py formats), from its text."""
     prompt = prompt.strip()
     if m := re.fullmatch(r"add (\d+)\+(\d+)=", prompt):
         return str(int(m[1]) + int(m[2]))

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from tests.llada2_tiny import SIZES, canvas_rows, tiny_model
-from vllm_dllm.tasks import ALL_TASKS, TRAIN, Instance, multiply_factors
-from vllm_dllm.tools import train
-from vllm_dllm.tools.train_llada2 import make_running_sum
-from vllm_dllm.training import llada2_objective
-from vllm_dllm.training.run_state import load_state
-from vllm_dllm.training.running_sums import TARGET_SCALE, RunningSumTerm, column_sums, running_sum_targets
+from lab.tasks import ALL_TASKS, TRAIN, Instance, multiply_factors
+from lab import train
+from lab.train_llada2 import make_running_sum
+from lab.training import llada2_objective
+from lab.training.run_state import load_state
+from lab.training.running_sums import TARGET_SCALE, RunningSumTerm, column_sums, running_sum_targets
 
 
 def _partial_sum_through(a: int, b: int, k: int) -> int:

@@ -8,9 +8,9 @@ import collections
 import json
 
 from tests.conftest import benchmark_module
-from vllm_dllm.tasks import ALL_TASKS, HARD_TASKS, TASKS, TEST, _split_of
+from lab.tasks import ALL_TASKS, HARD_TASKS, TASKS, TEST, _split_of
 
-# Each task's prompt opens with its own word (vllm_dllm/tasks.py's formats).
+# Each task's prompt opens with its own word (lab/tasks.py's formats).
 OPENING_WORD = {"lookup": "retrieval", "add": "addition", "copy": "copy", "reverse": "reverse",
                 "sort": "sort", "mul": "multiply", "chain": "chain", "close": "brackets"}
 

@@ -229,7 +229,7 @@ def _text_of(path: str, payload: dict) -> str:
 def test_eval_cli_against_a_running_server(server, tmp_path):
     # The task evaluation drives the server through chat completions; the tiny model is
     # random, so only the accounting is checked here (accuracy: test_task_model.py).
-    from vllm_dllm import eval as task_eval
+    from lab import eval as task_eval
 
     out = tmp_path / "eval.json"
     assert task_eval.main(["--base-url", server.base_url, "--task", "addition", "--n", "4", "--out", str(out)]) == 0
@@ -246,8 +246,8 @@ def test_eval_cli_against_a_running_server(server, tmp_path):
 
 def test_eval_decodes_a_llada_server_exactly(server):
     # The server describes its decoding on /metrics (LLaDA2: tests/test_llada2_server.py).
-    from vllm_dllm.eval import ServerRunner
-    from vllm_dllm.tasks import ALL_TASKS, Instance
+    from lab.eval import ServerRunner
+    from lab.tasks import ALL_TASKS, Instance
 
     runner = ServerRunner(server.base_url, None)
     assert runner.exact

@@ -9,13 +9,13 @@ import torch
 
 from tests.conftest import benchmark_module
 from tests.llada2_tiny import SIZES
-from vllm_dllm.tools import train
+from lab import train
 
 
 def test_the_working_is_written_and_only_the_sum_is_masked(tmp_path):
-    from vllm_dllm.tools.train_llada2 import saved_llada2_model
-    from vllm_dllm.training.batches import Llada2Encoder
-    from vllm_dllm.training.run_state import load_state
+    from lab.train_llada2 import saved_llada2_model
+    from lab.training.batches import Llada2Encoder
+    from lab.training.run_state import load_state
 
     out = tmp_path / "run"
     assert train.main(["--arch", "llada2", "--out", str(out), *SIZES, "--tasks", "multiply,addition", "--steps", "1",
@@ -68,6 +68,6 @@ def test_the_working_is_written_and_only_the_sum_is_masked(tmp_path):
 
 
 def module_mask(total: int, block: int):
-    from vllm_dllm.training.llada2 import block_causal_mask
+    from lab.training.llada2 import block_causal_mask
 
     return block_causal_mask((torch.arange(total) // block)[None], torch.ones(1, total, dtype=torch.bool))

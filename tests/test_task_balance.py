@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tests.llada2_tiny import SIZES
-from vllm_dllm.tools import train
-from vllm_dllm.training.task_balance import TaskGradientBalance
+from lab import train
+from lab.training.task_balance import TaskGradientBalance
 
 
 def test_tasks_with_small_gradients_are_scaled_up_to_the_mean():

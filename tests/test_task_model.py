@@ -24,10 +24,10 @@ import pytest
 
 from tests import oracle, oracle_model, oracle_rules
 from tests.tie_free import compare_until
-from vllm_dllm import eval as task_eval
+from lab import eval as task_eval
 from vllm_dllm.default_model import PATH
-from vllm_dllm.tasks import TASKS, TEST
-from vllm_dllm.training.curriculum import fitting_task
+from lab.tasks import TASKS, TEST
+from lab.training.curriculum import fitting_task
 
 N = 20
 # Minimum whole answers right out of N, and minimum fraction of characters in place.
@@ -167,7 +167,7 @@ def test_constrained_answers_parse_and_stay_right(runner):
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
-    from vllm_dllm.tasks import score
+    from lab.tasks import score
 
     task = TASKS["addition"]
     items = task_eval.instances(task, N, 321)

@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from vllm_dllm.tasks import TASKS, TEST, TRAIN, Instance, _split_of, char_score, check_answer, multiply_factors, score
-from vllm_dllm.training.checkpoint import build_tokenizer
+from lab.tasks import TASKS, TEST, TRAIN, Instance, _split_of, char_score, check_answer, multiply_factors, score
+from lab.training.checkpoint import build_tokenizer
 
 
 @pytest.mark.parametrize("name", list(TASKS))
@@ -61,7 +61,7 @@ def test_task_tokenizer_makes_retrieval_short_and_digits_single(tmp_path):
 
 
 def test_wilson_interval_brackets_the_observed_rate():
-    from vllm_dllm.eval import wilson
+    from lab.eval import wilson
 
     low, high = wilson(19, 20)
     assert 0.75 < low < 0.95 < high <= 1.0
@@ -70,7 +70,7 @@ def test_wilson_interval_brackets_the_observed_rate():
 
 
 def test_paired_difference_counts_discordant_instances_and_tests_them_exactly():
-    from vllm_dllm.eval import paired_difference
+    from lab.eval import paired_difference
 
     # Ten instances only the first setting gets right, none the other way: p = 2 / 2**10.
     assert paired_difference("1" * 10 + "11", "0" * 10 + "11") == (10, 0, 2 / 1024)
@@ -115,7 +115,7 @@ def test_original_tasks_draw_the_same_instances_as_before():
 
 @pytest.mark.parametrize("name", ["sort", "multiply", "chain", "brackets"])
 def test_hard_tasks_are_seeded_split_and_checked(name):
-    from vllm_dllm.tasks import HARD_TASKS
+    from lab.tasks import HARD_TASKS
 
     task = HARD_TASKS[name]
     a = [task.sample(random.Random(5), TRAIN) for _ in range(3)]
@@ -138,7 +138,7 @@ def test_hard_tasks_are_seeded_split_and_checked(name):
 
 
 def test_hard_task_formats_and_sizes():
-    from vllm_dllm.tasks import HARD_TASKS, BRACKETS
+    from lab.tasks import HARD_TASKS, BRACKETS
 
     rng = random.Random(3)
     for _ in range(200):
@@ -172,7 +172,7 @@ def test_hard_task_formats_and_sizes():
 
 
 def test_task_groups_keep_all_the_original_four():
-    from vllm_dllm.tasks import resolve_tasks
+    from lab.tasks import resolve_tasks
 
     assert [t.name for t in resolve_tasks("all")] == list(TASKS)
     assert [t.name for t in resolve_tasks("hard")] == ["sort", "multiply", "chain", "brackets"]
@@ -185,7 +185,7 @@ def test_task_groups_keep_all_the_original_four():
 def test_hard_task_answers_are_short_under_the_task_tokenizer(tmp_path):
     from transformers import PreTrainedTokenizerFast
 
-    from vllm_dllm.tasks import HARD_TASKS
+    from lab.tasks import HARD_TASKS
 
     build_tokenizer(tmp_path, 512)
     tok = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
@@ -225,8 +225,8 @@ def test_lookup_is_retrievals_mechanism_with_one_capital(tmp_path):
     one-token keys, two pairs at the curriculum's start; in no evaluation group."""
     from transformers import PreTrainedTokenizerFast
 
-    from vllm_dllm.tasks import AUX_TASKS, TASK_GROUPS, check_answer, resolve_tasks
-    from vllm_dllm.training.curriculum import fitting_task, task_at
+    from lab.tasks import AUX_TASKS, TASK_GROUPS, check_answer, resolve_tasks
+    from lab.training.curriculum import fitting_task, task_at
 
     task = AUX_TASKS["lookup"]
     rng = random.Random(9)
@@ -257,8 +257,8 @@ def test_recall_asks_several_keys_per_instance(tmp_path):
     start; in no evaluation group; every key and answer one token."""
     from transformers import PreTrainedTokenizerFast
 
-    from vllm_dllm.tasks import AUX_TASKS, TASK_GROUPS, check_answer
-    from vllm_dllm.training.curriculum import fitting_task, task_at
+    from lab.tasks import AUX_TASKS, TASK_GROUPS, check_answer
+    from lab.training.curriculum import fitting_task, task_at
 
     task = AUX_TASKS["recall"]
     rng = random.Random(9)
@@ -288,8 +288,8 @@ def test_recall_asks_several_keys_per_instance(tmp_path):
 
 
 def test_multiply_writes_a_two_digit_multipliers_working():
-    from vllm_dllm.tasks import Multiply, multiply_answer, multiply_product
-    from vllm_dllm.training.curriculum import hard_part, task_at
+    from lab.tasks import Multiply, multiply_answer, multiply_product
+    from lab.training.curriculum import hard_part, task_at
 
     assert multiply_answer(4821, 97) == "33747+433890=467637"
     assert multiply_answer(4821, 7) == "33747" and multiply_answer(4821, 97, working=False) == "467637"
@@ -309,7 +309,7 @@ def test_multiply_writes_a_two_digit_multipliers_working():
 
 
 def test_the_working_a_result_is_computed_from_is_measured():
-    from vllm_dllm.tasks import Multiply, working_length
+    from lab.tasks import Multiply, working_length
 
     assert working_length(Instance("multiply", "mul 4821*97=", "33747+433890=467637")) == len("33747+433890=")
     assert working_length(Instance("multiply", "mul 4821*7=", "33747")) == 0
@@ -324,7 +324,7 @@ def test_the_working_a_result_is_computed_from_is_measured():
 
 
 def test_a_product_is_right_with_its_working_or_alone():
-    from vllm_dllm.tasks import accepted_answers, closest_answer
+    from lab.tasks import accepted_answers, closest_answer
 
     worked = Instance("multiply", "mul 4821*97=", "33747+433890=467637")
     assert accepted_answers(worked) == ("33747+433890=467637", "033747+433890=467637", "467637")
@@ -342,7 +342,7 @@ def test_a_product_is_right_with_its_working_or_alone():
 def test_working_sum_asks_for_the_sum_of_the_answers_own_working():
     """The auxiliary working_sum task: its prompt names no number, its answer writes two
     numbers and their sum, its working is given to training, and it splits by answer."""
-    from vllm_dllm.tasks import AUX_TASKS, TASK_GROUPS, working_length
+    from lab.tasks import AUX_TASKS, TASK_GROUPS, working_length
 
     task = AUX_TASKS["working_sum"]
     rng = random.Random(7)
@@ -365,7 +365,7 @@ def test_working_sum_asks_for_the_sum_of_the_answers_own_working():
 
 
 def test_eval_refuses_a_task_it_cannot_score(capsys):
-    from vllm_dllm import eval as task_eval
+    from lab import eval as task_eval
 
     with pytest.raises(SystemExit):
         task_eval.main(["--task", "addition,working_sum", "--n", "1"])
@@ -373,7 +373,7 @@ def test_eval_refuses_a_task_it_cannot_score(capsys):
 
 
 def test_working_sum_grows_from_one_digit_numbers():
-    from vllm_dllm.training.curriculum import task_at
+    from lab.training.curriculum import task_at
 
     rng = random.Random(8)
     small = [task_at("working_sum", 0.0).draw(rng) for _ in range(50)]
@@ -385,8 +385,8 @@ def test_working_sum_grows_from_one_digit_numbers():
 def test_padded_sum_writes_its_numbers_at_one_width_at_every_size():
     """padded_sum: working_sum with the three numbers zero-padded to one width, so a sum
     digit stands a fixed distance after the digits it adds at every curriculum level."""
-    from vllm_dllm.tasks import AUX_TASKS, working_length
-    from vllm_dllm.training.curriculum import task_at
+    from lab.tasks import AUX_TASKS, working_length
+    from lab.training.curriculum import task_at
 
     task = AUX_TASKS["padded_sum"]
     rng = random.Random(9)
@@ -414,9 +414,9 @@ def test_padded_sum_writes_its_numbers_at_one_width_at_every_size():
 def test_multiply_can_write_its_working_padded_and_either_layout_scores():
     """Multiply(width=W) writes the working's three numbers at W digits; the product alone
     and the working in either layout are right; the curriculum's sizes keep the width."""
-    from vllm_dllm.tasks import (HARD_TASKS, Multiply, accepted_answers, multiply_answer, multiply_product,
+    from lab.tasks import (HARD_TASKS, Multiply, accepted_answers, multiply_answer, multiply_product,
                                  working_length)
-    from vllm_dllm.training.curriculum import fitting_task, hard_part, task_at
+    from lab.training.curriculum import fitting_task, hard_part, task_at
 
     assert multiply_answer(4821, 97, width=6) == "033747+433890=467637"
     assert multiply_answer(48, 97, width=6) == "000336+004320=004656"

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from tests import oracle, oracle_model
-from vllm_dllm.tasks import HARD_TASKS, TASKS
-from vllm_dllm.tools import train
-from vllm_dllm.training import batches, llada_objective, schedule
-from vllm_dllm.training.curriculum import Curriculum, Draw, hard_part, task_at
+from lab.tasks import HARD_TASKS, TASKS
+from lab import train
+from lab.training import batches, llada_objective, schedule
+from lab.training.curriculum import Curriculum, Draw, hard_part, task_at
 
 
 def test_train_writes_checkpoint_and_resumes(tmp_path):
@@ -386,7 +386,7 @@ def test_loss_with_per_row_canvas_lengths_masks_each_row_inside_its_own_canvas()
 
 
 def test_rows_draw_canvas_lengths_from_the_answer_length_to_the_maximum(tmp_path):
-    from vllm_dllm.training.checkpoint import build_tokenizer
+    from lab.training.checkpoint import build_tokenizer
 
     ids = build_tokenizer(tmp_path, 512)
     encoder = batches.Encoder(tmp_path, ids)
@@ -407,7 +407,7 @@ def test_rows_draw_canvas_lengths_from_the_answer_length_to_the_maximum(tmp_path
 
 
 def test_fitting_task_keeps_only_answers_that_fit_the_canvas():
-    from vllm_dllm.training.curriculum import fitting_task
+    from lab.training.curriculum import fitting_task
 
     rng = random.Random(0)
     assert fitting_task(TASKS["copy"], 8) is None and fitting_task(TASKS["reverse"], 15) is None

@@ -8,7 +8,7 @@ import copy
 
 import torch
 
-from vllm_dllm.training.optim import WEIGHT_DECAY, adamw, load_adamw_state
+from lab.training.optim import WEIGHT_DECAY, adamw, load_adamw_state
 
 
 class Tiny(torch.nn.Module):

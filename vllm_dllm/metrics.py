@@ -103,7 +103,7 @@ _GAUGES = {
 _BUCKETS = (1, 8, 32, 128, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 # An info series, as vLLM's vllm:cache_config_info: value 1, the facts in its labels.
-# Clients read it to decode as the server does by default (vllm_dllm.eval's
+# Clients read it to decode as the server does by default (lab.eval's
 # ServerRunner: a block-diffusion model is asked for at least one block).
 DECODING_INFO = "vllm:diffusion_decoding_info"
 

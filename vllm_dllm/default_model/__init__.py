@@ -1,4 +1,4 @@
-"""The small task model shipped with the plugin (trained by vllm_dllm.tools.train).
+"""The small task model shipped with the plugin (trained by lab.train).
 
 The folder is an unmodified LLaDA checkpoint: `vllm serve <PATH>` serves it.
 `python -m vllm_dllm.default_model` prints the path.

@@ -60,7 +60,7 @@ DEFAULT_MOE = dict(num_experts=16, experts_per_token=4, n_group=4, topk_group=2,
 def write_tokenizer(out: pathlib.Path, vocab: dict[str, int], merges, max_len: int, *, use_regex: bool = True,
                     vocab_size: int = SMALL_VOCAB_SIZE) -> dict[str, int]:
     """The Ling specials right after `vocab` (the small vocabulary puts them at
-    SMALL_LLADA2_SPECIALS' ids; the task model's vocabulary, vllm_dllm/training, after
+    SMALL_LLADA2_SPECIALS' ids; the task model's vocabulary, lab/training, after
     its own tokens), the tokenizer files, and the ids (`vocab_size`: embedding rows)."""
     first = len(vocab)
     numbered = [(first + i, content) for i, (_, content) in enumerate(SMALL_LLADA2_SPECIALS)]

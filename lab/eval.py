@@ -1,6 +1,6 @@
 """Task accuracy of a model served through the plugin.
 
-    python -m vllm_dllm.eval --task retrieval|addition|copy|reverse|all|hard|every|NAME,NAME --n N
+    python -m lab.eval --task retrieval|addition|copy|reverse|all|hard|every|NAME,NAME --n N
         [--max-tokens 8,16,32,56] [--model DIR] [--xargs JSON] [--base-url URL] [--out results.json]
 
 Offline (vLLM's engine with the plugin) by default, or against a running server with
@@ -47,8 +47,8 @@ import time
 from dataclasses import asdict, dataclass
 
 from vllm_dllm.default_model import PATH as DEFAULT_MODEL
-from vllm_dllm.tasks import ALL_TASKS, TASK_GROUPS, TEST, Instance, Task, char_score, resolve_tasks, score
-from vllm_dllm.training.curriculum import fitting_task
+from lab.tasks import ALL_TASKS, TASK_GROUPS, TEST, Instance, Task, char_score, resolve_tasks, score
+from lab.training.curriculum import fitting_task
 
 
 @dataclass

@@ -9,7 +9,7 @@ import pathlib
 
 import torch
 
-from vllm_dllm.training.curriculum import Curriculum
+from lab.training.curriculum import Curriculum
 
 
 def save_state(path: pathlib.Path, model, optim, data_rng, noise, step: int, args, curriculum: Curriculum,

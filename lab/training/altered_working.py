@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 
-from vllm_dllm.tasks import Instance, multiply_answer, multiply_factors, written_sum
+from lab.tasks import Instance, multiply_answer, multiply_factors, written_sum
 
 
 def _changed_digits(number: int, rng: random.Random, keep_last: bool) -> int:

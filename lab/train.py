@@ -1,23 +1,23 @@
 """Train the small LLaDA-format model on the generated tasks.
 
-    python -m vllm_dllm.tools.train --out runs/task-model --minutes 40
+    python -m lab.train --out runs/task-model --minutes 40
 
 Masked-diffusion SFT as LLaDA does it: the prompt stays clean, a mask ratio t is drawn
 per row over the canvas (answer, <|eot_id|>, EOS padding) and the loss is the
 cross-entropy on masked positions weighted by 1/t (training/llada_objective.py).  Task
-sizes may follow a curriculum (vllm_dllm/training/curriculum.py).  Fixed seeds; every
+sizes may follow a curriculum (lab/training/curriculum.py).  Fixed seeds; every
 `--save-every` steps the full state (model, optimizer, RNGs, curriculum) is saved so a
 stopped run resumes with `--resume`.  Loss and held-out accuracy go to
 OUT/train_log.jsonl; the final model is written to OUT/model as an unmodified LLaDA
 checkpoint, and `--export DIR` writes one from the last saved state.
 
-    python -m vllm_dllm.tools.train --arch llada2 --out runs/llada2 --tasks every
+    python -m lab.train --arch llada2 --out runs/llada2 --tasks every
 
 `--arch llada2` trains a LLaDA2.x-format model (`llada2_moe`: block-causal attention,
 MoE with a shared expert and dense first layers, QK-norm, partial RoPE) with LLaDA2's
 block-diffusion objective and LLaDA2.1's token editing (`--edit-ratio`), and writes an
-unmodified LLaDA2 checkpoint (its loop: vllm_dllm/tools/train_llada2.py; model:
-vllm_dllm/training/llada2.py; objective: training/llada2_objective.py; the same curriculum, task weights, saving and
+unmodified LLaDA2 checkpoint (its loop: lab/train_llada2.py; model:
+lab/training/llada2.py; objective: training/llada2_objective.py; the same curriculum, task weights, saving and
 resuming).  Tasks: names, or `all` (the original four),
 `hard` (sort, multiply, chain, brackets), `every` (both).
 """
@@ -32,14 +32,14 @@ import time
 
 import torch
 
-from vllm_dllm.tasks import Task, resolve_tasks
-from vllm_dllm.training.batches import BATCH_SIZES, Encoder, make_batch, pack
-from vllm_dllm.training.checkpoint import build_tokenizer, write_checkpoint
-from vllm_dllm.training.curriculum import Curriculum, fitting_task
-from vllm_dllm.training.llada_objective import diffusion_loss, evaluate
-from vllm_dllm.training.model import TrainableLLaDA
-from vllm_dllm.training.run_state import export_weights, init_from, load_state, save_state
-from vllm_dllm.training.schedule import lr_at, parse_shares, parse_task_values, task_cycle
+from lab.tasks import Task, resolve_tasks
+from lab.training.batches import BATCH_SIZES, Encoder, make_batch, pack
+from lab.training.checkpoint import build_tokenizer, write_checkpoint
+from lab.training.curriculum import curriculum_from_args, fitting_task
+from lab.training.llada_objective import diffusion_loss, evaluate
+from lab.training.model import TrainableLLaDA
+from lab.training.run_state import export_weights, init_from, load_state, save_state
+from lab.training.schedule import lr_at, parse_task_values, task_cycle
 
 
 def export(model, out: pathlib.Path, ids: dict, shape: dict, max_len: int, tasks: list[Task]) -> None:
@@ -55,7 +55,7 @@ def export_saved(state_path: pathlib.Path, out: pathlib.Path) -> int:
     state = load_state(state_path)
     saved = state["args"]
     if saved.get("arch", "llada") == "llada2":
-        from vllm_dllm.tools.train_llada2 import export_saved_llada2  # it builds on this module
+        from lab.train_llada2 import export_saved_llada2  # it builds on this module
 
         return export_saved_llada2(state, state_path, out)
     shape = dict(hidden=int(saved["hidden"]), layers=int(saved["layers"]), heads=int(saved["heads"]),
@@ -67,19 +67,6 @@ def export_saved(state_path: pathlib.Path, out: pathlib.Path) -> int:
     model.load_state_dict(state["model"])
     export(model, out, ids, shape, max_len, resolve_tasks(saved["tasks"]))
     return state["step"]
-
-
-def make_curriculum(names: list[str], args, ap) -> Curriculum:
-    try:
-        full = parse_shares(args.full_size_share, names, "--full-size-share")
-        focus = parse_shares(args.focus_share, names, "--focus-share")
-    except ValueError as exc:
-        ap.error(str(exc))
-    try:
-        return Curriculum(names, linear_steps=args.curriculum_steps, threshold=args.curriculum_threshold,
-                          full_share=full, focus_share=focus)
-    except ValueError as exc:
-        ap.error(f"--curriculum-steps/--curriculum-threshold/--full-size-share/--focus-share: {exc}")
 
 
 def main(argv=None) -> int:
@@ -223,7 +210,7 @@ def main(argv=None) -> int:
             print("wrote " + said.format(out=out, step=write(state_path, out)), flush=True)
             return 0
     if args.arch == "llada2":
-        from vllm_dllm.tools.train_llada2 import train_llada2  # it builds on this module
+        from lab.train_llada2 import train_llada2  # it builds on this module
 
         return train_llada2(args, ap)
     if args.balance_tasks:
@@ -271,7 +258,7 @@ def main(argv=None) -> int:
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     data_rng = random.Random(args.seed)
     noise = torch.Generator().manual_seed(args.seed)
-    curriculum = make_curriculum(names, args, ap)
+    curriculum = curriculum_from_args(names, args, ap)
     step = 0
     state_path = args.out / "state.pt"
     if args.init_from is not None:

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from vllm_dllm.decoding.base import DecodeState, SpecialIds
 from vllm_dllm.decoding.rules import make_rule
 from vllm_dllm.options import LLADA, LLaDAOptions
-from vllm_dllm.tasks import TEST, Task, score
-from vllm_dllm.training.batches import Encoder, pack
+from lab.tasks import TEST, Task, score
+from lab.training.batches import Encoder, pack
 
 
 def diffusion_loss(model, ids, lengths, starts, gen_length, mask_id: int, gen: torch.Generator,

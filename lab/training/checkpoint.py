@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import shutil
 import string
 
 import torch
@@ -24,6 +23,7 @@ from vllm_dllm.tools.hf_files import (
     write_llada_tokenizer_config,
 )
 from vllm_dllm.tools.tiny_llada import llada_config
+from vllm_dllm.tools.tiny_parts import copy_config_module
 
 SPECIALS = [
     "<|startoftext|>",
@@ -33,8 +33,6 @@ SPECIALS = [
     "<|end_header_id|>",
     "<|eot_id|>",
 ]
-
-_CONFIGS_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
 
 
 def _vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
@@ -97,7 +95,7 @@ def write_checkpoint(
     # AutoTokenizer falls back to the tokenizer_config's standard class.
     config.pop("auto_map", None)
     write_json(out / "config.json", config)
-    shutil.copyfile(_CONFIGS_DIR / "llada.py", out / "configuration_llada.py")
+    copy_config_module(out, "llada.py", "configuration_llada.py")
     write_json(
         out / "generation_config.json",
         {

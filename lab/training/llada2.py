@@ -397,7 +397,7 @@ def build_llada2_tokenizer(out: pathlib.Path, max_len: int) -> dict[str, int]:
     """The task tokenizer's vocabulary (training/checkpoint.py) with Ling's specials
     after it, written by tiny_llada2's writer; embedding rows padded to a multiple of 64."""
     from vllm_dllm.tools.tiny_llada2 import SMALL_LLADA2_SPECIALS
-    from vllm_dllm.training.checkpoint import _vocab_and_merges
+    from lab.training.checkpoint import _vocab_and_merges
 
     out.mkdir(parents=True, exist_ok=True)
     vocab, merges = _vocab_and_merges()

@@ -25,8 +25,9 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from vllm_dllm.tasks import (ALL_TASKS, Addition, Brackets, Chain, Copy, Lookup, Multiply, PaddedWorkingSum, Recall,
-                             Retrieval, Sort, Task, WorkingSum)
+from lab.tasks import (ALL_TASKS, Addition, Brackets, Chain, Copy, Lookup, Multiply, PaddedWorkingSum, Recall,
+                       Retrieval, Sort, Task, WorkingSum)
+from lab.training.schedule import parse_shares
 
 
 def task_at(name: str, level: float) -> Task:
@@ -230,3 +231,18 @@ class Curriculum:
         # one long past (no correction) until the task's next raise.
         legacy = {n: 10**6 for n in state["running"]}
         self.seen.update(state.get("seen", legacy))
+
+
+def curriculum_from_args(names: list[str], args, ap) -> "Curriculum":
+    """The curriculum the training command lines ask for (their shared flags); a bad
+    value is the parser's error."""
+    try:
+        full = parse_shares(args.full_size_share, names, "--full-size-share")
+        focus = parse_shares(args.focus_share, names, "--focus-share")
+    except ValueError as exc:
+        ap.error(str(exc))
+    try:
+        return Curriculum(names, linear_steps=args.curriculum_steps, threshold=args.curriculum_threshold,
+                          full_share=full, focus_share=focus)
+    except ValueError as exc:
+        ap.error(f"--curriculum-steps/--curriculum-threshold/--full-size-share/--focus-share: {exc}")

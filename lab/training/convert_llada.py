@@ -86,7 +86,7 @@ def load_llada(llada_dir: pathlib.Path):
     """The LLaDA-format checkpoint as training/model.py's TrainableLLaDA (float32)."""
     from safetensors.torch import load_file
 
-    from vllm_dllm.training.model import TrainableLLaDA
+    from lab.training.model import TrainableLLaDA
 
     cfg = json.loads((llada_dir / "config.json").read_text())
     model = TrainableLLaDA(cfg["embedding_size"], cfg["d_model"], cfg["n_layers"], cfg["n_heads"],
@@ -165,8 +165,8 @@ def convert_into(model, llada_dir: pathlib.Path, llada2_tokenizer: pathlib.Path,
 
 def calibration_prompts(llada_dir: pathlib.Path, n: int = 8, seed: int = 0) -> list[list[int]]:
     """LLaDA-format prompts of the four tasks the checkpoint was trained on."""
-    from vllm_dllm.tasks import TASKS, TRAIN
-    from vllm_dllm.training.batches import Encoder
+    from lab.tasks import TASKS, TRAIN
+    from lab.training.batches import Encoder
 
     ids = json.loads((llada_dir / "config.json").read_text())
     encoder = Encoder(llada_dir, {"eos": ids["eos_token_id"], "mask": ids["mask_token_id"]})

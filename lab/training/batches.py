@@ -9,7 +9,7 @@ import random
 
 import torch
 
-from vllm_dllm.tasks import TRAIN, Task
+from lab.tasks import TRAIN, Task
 
 CHAT_PREFIX = "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\n"
 CHAT_SUFFIX = "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
@@ -42,7 +42,7 @@ class Encoder:
 
 class Llada2Encoder(Encoder):
     """Prompts through the checkpoint's own chat template (Ling's <role> frame), as the
-    served model and `vllm_dllm.eval` encode them; the canvas is the answer, then EOS
+    served model and `lab.eval` encode them; the canvas is the answer, then EOS
     to its end (LLaDA2 decoding stops at the first EOS)."""
 
     def __init__(self, tokenizer_dir: pathlib.Path, ids: dict[str, int]):

@@ -23,7 +23,7 @@ import math
 import torch
 from torch import nn
 
-from vllm_dllm.tasks import Instance, multiply_factors, multiply_product
+from lab.tasks import Instance, multiply_factors, multiply_product
 
 # Sums run to about 180 (two partial products of 81 and a carry); a tenth keeps the
 # regression's scale near the cross-entropy's, one unit per ten of carry.

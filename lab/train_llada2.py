@@ -1,6 +1,6 @@
-"""`python -m vllm_dllm.tools.train --arch llada2`: the LLaDA2.x-format run of the
-training tool (vllm_dllm/tools/train.py holds the command line and the LLaDA-format
-loop; vllm_dllm/training/ the task batches, run state, schedule, the model in llada2.py
+"""`python -m lab.train --arch llada2`: the LLaDA2.x-format run of the
+training tool (lab/train.py holds the command line and the LLaDA-format
+loop; lab/training/ the task batches, run state, schedule, the model in llada2.py
 and its objective in llada2_objective.py).
 Block diffusion with LLaDA2.1's token editing, the same curriculum, task weights,
 saving and resuming as the LLaDA loop, and an unmodified LLaDA2 checkpoint at the end.
@@ -16,16 +16,16 @@ import time
 
 import torch
 
-from vllm_dllm.tasks import TEST, Instance, Task, resolve_tasks, score, working_length
-from vllm_dllm.tools.train import make_curriculum
-from vllm_dllm.training.altered_working import altered_working
-from vllm_dllm.training.batches import BATCH_SIZES, Encoder, Llada2Encoder, make_batch
-from vllm_dllm.training.grow import reshape_for_growth
-from vllm_dllm.training.optim import adamw, load_adamw_state
-from vllm_dllm.training.run_state import CURRICULUM_FILE, init_from, load_state, save_state
-from vllm_dllm.training.running_sums import RunningSumTerm, running_sum_targets
-from vllm_dllm.training.schedule import lr_at, parse_mask_ranges, parse_task_values, task_cycle
-from vllm_dllm.training.task_balance import TaskGradientBalance
+from lab.tasks import TEST, Instance, Task, resolve_tasks, score, working_length
+from lab.training.altered_working import altered_working
+from lab.training.batches import BATCH_SIZES, Encoder, Llada2Encoder, make_batch
+from lab.training.curriculum import curriculum_from_args
+from lab.training.grow import reshape_for_growth
+from lab.training.optim import adamw, load_adamw_state
+from lab.training.run_state import CURRICULUM_FILE, init_from, load_state, save_state
+from lab.training.running_sums import RunningSumTerm, running_sum_targets
+from lab.training.schedule import lr_at, parse_mask_ranges, parse_task_values, task_cycle
+from lab.training.task_balance import TaskGradientBalance
 
 MOE_ARGS = ("experts", "experts_per_token", "expert_groups", "topk_groups", "moe_intermediate", "shared_experts",
             "dense_layers")
@@ -53,7 +53,7 @@ def llada2_shape(args) -> dict:
 def saved_llada2_model(state: dict, state_path: pathlib.Path):
     """(model, ids, shape, moe) of a saved LLaDA2 training state (`state`, loaded from
     `state_path`, whose folder holds the run's tokenizer)."""
-    from vllm_dllm.training import llada2
+    from lab.training import llada2
 
     saved = state["args"]
     shape = llada2_shape(saved)
@@ -77,7 +77,7 @@ def export_llada2(model, out: pathlib.Path, shape: dict, moe: dict, max_len: int
                   dtype: str = "bfloat16", curriculum: dict | None = None) -> None:
     """An unmodified LLaDA2 checkpoint whose default canvas fits every task's answer,
     with the run's curriculum levels beside it (CURRICULUM_FILE) when it has them."""
-    from vllm_dllm.training.llada2 import write_llada2_checkpoint
+    from lab.training.llada2 import write_llada2_checkpoint
 
     cpu_weights = {k: v.cpu() for k, v in model.state_dict().items()}
     write_llada2_checkpoint(out, cpu_weights, shape, moe, max_len=max_len, dtype=getattr(torch, dtype),
@@ -93,7 +93,7 @@ def export_llada2(model, out: pathlib.Path, shape: dict, moe: dict, max_len: int
 def evaluate_llada2(model, task: Task, encoder: Encoder, n: int, seed: int, block_length: int, threshold: float,
                     gen_length: int | None = None) -> float:
     """LLaDA2.0's rule (threshold, a token per step at least) on the test split."""
-    from vllm_dllm.training.llada2 import generate
+    from lab.training.llada2 import generate
 
     rng = random.Random(seed)
     instances = [task.sample(rng, TEST) for _ in range(n)]
@@ -179,7 +179,7 @@ def make_running_sum(args, names: list[str], encoder: Encoder, ap) -> RunningSum
 
 def train_llada2(args, ap) -> int:
     """The training loop of `--arch llada2` (block diffusion, token editing)."""
-    from vllm_dllm.training import convert_llada, llada2, llada2_objective
+    from lab.training import convert_llada, llada2, llada2_objective
 
     args.out.mkdir(parents=True, exist_ok=True)
     tok_dir = args.out / "tokenizer"
@@ -242,7 +242,7 @@ def train_llada2(args, ap) -> int:
     running_sum = make_running_sum(args, names, encoder, ap)
     data_rng = random.Random(args.seed)
     noise = torch.Generator().manual_seed(args.seed)
-    curriculum = make_curriculum(names, args, ap)
+    curriculum = curriculum_from_args(names, args, ap)
     step = 0
     state_path = args.out / "state.pt"
     if args.init_from is not None:
