@@ -1,13 +1,13 @@
-"""benchmarks/llada2_attention_probe.py: the attention it reads is the model's, it finds
+"""lab/probes/llada2_attention_probe.py: the attention it reads is the model's, it finds
 the queried pair, and a matching head scores 1 where a uniform one scores chance."""
 
 from __future__ import annotations
 
+import importlib
 import random
 
 import torch
 
-from tests.conftest import benchmark_module
 from lab.tasks import TEST, Retrieval
 from lab.training.batches import Llada2Encoder
 from lab.training import llada2
@@ -15,7 +15,7 @@ from lab.training import llada2
 
 
 def _probe():
-    return benchmark_module("llada2_attention_probe")
+    return importlib.import_module("lab.probes.llada2_attention_probe")
 
 
 def test_attention_weights_are_what_the_forward_attends_with():

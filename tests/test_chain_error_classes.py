@@ -1,20 +1,20 @@
-"""benchmarks/llada2_chain_errors.py's classes of a chain answer: which hop went wrong,
+"""lab/probes/llada2_chain_errors.py's classes of a chain answer: which hop went wrong,
 and whether a wrong value letter is the link-table capital that sits where the hub
 table's value does (two tokens after the hub)."""
 
 from __future__ import annotations
 
+import importlib
 import random
 
 import pytest
 
-from tests.conftest import benchmark_module
 from lab.tasks import ALL_TASKS, TEST, Instance
 
 
 
 def _benchmark():
-    return benchmark_module("llada2_chain_errors")
+    return importlib.import_module("lab.probes.llada2_chain_errors")
 
 
 # Links ab and ef name hub C; the links after them name E and D: C's link-table capitals.

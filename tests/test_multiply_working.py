@@ -1,16 +1,17 @@
-"""benchmarks/llada2_multiply_working.py: each step of a written multiply working checked
+"""lab/probes/llada2_multiply_working.py: each step of a written multiply working checked
 on its own."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
-from tests.conftest import benchmark_module
 from lab.tasks import TEST, Instance, _split_of, multiply_factors
 
 
 def _benchmark():
-    return benchmark_module("llada2_multiply_working")
+    return importlib.import_module("lab.probes.llada2_multiply_working")
 
 
 # 39 * 35: p0 = 39 * 5 = 195, p1 = 39 * 30 = 1170, product 1365.

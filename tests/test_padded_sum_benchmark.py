@@ -1,17 +1,17 @@
-"""benchmarks/llada2_padded_sum.py: the in-answer sum read in each layout, only the
+"""lab/probes/llada2_padded_sum.py: the in-answer sum read in each layout, only the
 sum's own digits scored."""
 
 from __future__ import annotations
 
+import importlib
 import pathlib
 
-from tests.conftest import benchmark_module
 from tests.llada2_tiny import SIZES
 from lab import train
 
 
 def test_layouts_and_only_the_sums_own_digits_are_scored():
-    module = benchmark_module("llada2_padded_sum")
+    module = importlib.import_module("lab.probes.llada2_padded_sum")
     assert module.written(195, 1170, None) == ("195+1170=", "1365")
     assert module.written(195, 1170, 7) == ("0000195+0001170=", "0001365")
     # hits of "0001365": the zeros' hits never count, the units come first.
@@ -29,7 +29,7 @@ def test_a_padded_sum_state_is_measured_in_both_layouts(tmp_path):
     assert train.main(["--arch", "llada2", "--out", str(out), *SIZES, "--tasks", "padded_sum", "--steps", "1",
                        "--warmup", "1", "--eval-every", "1000", "--save-every", "1",
                        "--checkpoint-dtype", "float32"]) == 0
-    module = benchmark_module("llada2_padded_sum")
+    module = importlib.import_module("lab.probes.llada2_padded_sum")
     sets = module.pairs(3)
     state = pathlib.Path(out / "state.pt")
     rows = []

@@ -1,13 +1,13 @@
-"""benchmarks/llada2_sum_from_working.py: one forward with a multiply's working written
+"""lab/probes/llada2_sum_from_working.py: one forward with a multiply's working written
 into the canvas and its sum masked."""
 
 from __future__ import annotations
 
+import importlib
 import pathlib
 
 import torch
 
-from tests.conftest import benchmark_module
 from tests.llada2_tiny import SIZES
 from lab import train
 
@@ -24,7 +24,7 @@ def test_the_working_is_written_and_only_the_sum_is_masked(tmp_path):
     state_path = pathlib.Path(out / "state.pt")
     model, ids, _, _ = saved_llada2_model(load_state(state_path), state_path)
     encoder = Llada2Encoder(out / "tokenizer", ids)
-    module = benchmark_module("llada2_sum_from_working")
+    module = importlib.import_module("lab.probes.llada2_sum_from_working")
 
     seen = {}
     forward = model.hidden_states

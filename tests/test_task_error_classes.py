@@ -1,19 +1,19 @@
-"""benchmarks/llada2_task_errors.py's classes of sort and multiply answers: what went
+"""lab/probes/llada2_task_errors.py's classes of sort and multiply answers: what went
 wrong in a sorted list (a miscopied number, a dropped or repeated one, the order) and
 which digit of a product went wrong first (the units, or a carry above them)."""
 
 from __future__ import annotations
 
+import importlib
 import random
 
 import pytest
 
-from tests.conftest import benchmark_module
 from lab.tasks import ALL_TASKS, TEST, Instance
 
 
 def _benchmark():
-    return benchmark_module("llada2_task_errors")
+    return importlib.import_module("lab.probes.llada2_task_errors")
 
 
 SORT = Instance("sort", "sort 430 41 988 41 265", "41 41 265 430 988")

@@ -154,7 +154,7 @@ class MoE(nn.Module):
         the slots.  Both reorderings are permutations whose backwards are gathers: a
         gather per expert with index_add scatters every expert's gradient into a
         zeroed [tokens, hidden] instead (1.3-1.5x slower per MoE layer on this CPU,
-        benchmarks/llada2_moe_backward.py)."""
+        lab/probes/llada2_moe_backward.py)."""
         n, hidden = x.shape
         if not n:
             out = torch.zeros_like(x)

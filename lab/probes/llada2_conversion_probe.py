@@ -9,12 +9,10 @@ and RoPE over the whole head (the unpermuted LLaDA q/k rows, rotary_dim = head_d
 With both undone the converted model is the LLaDA model.  Inputs are embedded and
 scored with the LLaDA model's own rows, so the chat frame is LLaDA's in every row.
 
-    python benchmarks/llada2_conversion_probe.py [--model vllm_dllm/default_model] [--n 16]
+    python -m lab.probes.llada2_conversion_probe [--model vllm_dllm/default_model] [--n 16]
 """
 
 from __future__ import annotations
-
-import sys
 
 import argparse
 import pathlib
@@ -23,10 +21,9 @@ import tempfile
 
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
-from lab.tasks import TASKS, TEST  # noqa: E402
-from lab.training.batches import Encoder  # noqa: E402
-from lab.training import convert_llada, llada2  # noqa: E402
+from lab.tasks import TASKS, TEST
+from lab.training.batches import Encoder
+from lab.training import convert_llada, llada2
 
 
 def converted_model(src: pathlib.Path, tok_dir: pathlib.Path, cfg: dict):

@@ -1,7 +1,7 @@
 """Forward + backward time of one training MoE layer: the grouped forward against a
 gather per expert with index_add (the trainer's MoE before 2026-11-28).
 
-    python benchmarks/llada2_moe_backward.py [--tokens 15000] [--repeats 7] [--threads 2]
+    python -m lab.probes.llada2_moe_backward [--tokens 15000] [--repeats 7] [--threads 2]
 
 The shape is the converted run's (hidden 192, 16 experts of 144, 4 per token, 4 shared;
 docs/training-log.md); a retrieval batch of 48 rows in the two-copy layout is about
@@ -12,9 +12,6 @@ the same output and input gradient (float32 rounding apart).
 
 from __future__ import annotations
 
-import pathlib
-import sys
-
 import argparse
 import json
 import statistics
@@ -22,8 +19,7 @@ import time
 
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
-from lab.training import llada2  # noqa: E402
+from lab.training import llada2
 
 MOE = dict(num_experts=16, experts_per_token=4, n_group=4, topk_group=2, moe_intermediate=144, shared_experts=4,
            dense_layers=1)

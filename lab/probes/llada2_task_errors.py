@@ -3,7 +3,7 @@ instance size, through the plugin: at the eval's default decoding, and with abou
 token committed a step (threshold 1.0: no token clears it, so each step commits its
 single most confident one).
 
-    python benchmarks/llada2_task_errors.py --model DIR [--n 200] [--out DIR]
+    python -m lab.probes.llada2_task_errors --model DIR [--n 200] [--out DIR]
 
 If one token a step fixes most errors, they come from committing tokens together that
 depend on each other (the decoding rule's doing); if it fixes few, from the model.
@@ -28,15 +28,14 @@ import re
 import sys
 from collections import Counter
 
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))  # report.py beside this script
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # report.py
 
-from report import print_and_write  # noqa: E402
+from report import print_and_write
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
-from lab.eval import OFFLINE_ENGINE, OfflineRunner, instances  # noqa: E402
-from lab.tasks import ALL_TASKS, Instance, multiply_product, score  # noqa: E402
+from lab.eval import OFFLINE_ENGINE, OfflineRunner, instances
+from lab.tasks import ALL_TASKS, Instance, multiply_product, score
 
 SORT_CLASSES = (
     "correct",

@@ -1,7 +1,7 @@
 """What a LLaDA2-format task model answers on chain (two-hop retrieval), by kind of error,
 through the plugin at the eval's default decoding.
 
-    python benchmarks/llada2_chain_errors.py --model DIR [--n 200] [--out DIR]
+    python -m lab.probes.llada2_chain_errors --model DIR [--n 200] [--out DIR]
 
 A chain answer is the queried link's hub, "=", and the hub's two-capital value
 ("C=XY"): the hub is the first hop (retrieval's lookup), the value the second (find
@@ -43,15 +43,14 @@ import string
 import sys
 from collections import Counter
 
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))  # report.py beside this script
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # report.py
 
-from report import print_and_write  # noqa: E402
+from report import print_and_write
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
-from lab.eval import OFFLINE_ENGINE, OfflineRunner, instances  # noqa: E402
-from lab.tasks import ALL_TASKS, Instance  # noqa: E402
+from lab.eval import OFFLINE_ENGINE, OfflineRunner, instances
+from lab.tasks import ALL_TASKS, Instance
 
 CLASSES = (
     "correct",

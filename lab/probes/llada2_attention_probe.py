@@ -1,7 +1,7 @@
 """Whether a LLaDA2-format training state has formed retrieval's lookup, read from
 its attention rather than its answers.
 
-    python benchmarks/llada2_attention_probe.py --state runs/llada2-run2/state.pt [--n 32] [--out shares.json]
+    python -m lab.probes.llada2_attention_probe --state runs/llada2-run2/state.pt [--n 32] [--out shares.json]
 
 Retrieval is answered by matching the queried key against the keys of the prompt and
 reading the value after the match.  For held-out retrieval prompts at several pair
@@ -16,8 +16,6 @@ lookup that is forming from one that is absent until accuracy moves.
 
 from __future__ import annotations
 
-import sys
-
 import argparse
 import json
 import pathlib
@@ -26,11 +24,10 @@ import re
 
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
-from lab.tasks import TEST, Retrieval  # noqa: E402
-from lab.training.batches import Llada2Encoder  # noqa: E402
-from lab.train_llada2 import saved_llada2_model  # noqa: E402
-from lab.training import llada2  # noqa: E402
+from lab.tasks import TEST, Retrieval
+from lab.training.batches import Llada2Encoder
+from lab.train_llada2 import saved_llada2_model
+from lab.training import llada2
 
 PAIR_COUNTS = (2, 4, 8, 40)
 KEY = re.compile(r";[a-z]{2}=")

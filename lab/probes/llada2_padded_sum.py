@@ -2,7 +2,7 @@
 `working_sum` ("33747+433890=467637") against states trained on `padded_sum` (the same
 numbers at one width, "0033747+0433890=0467637"), each read in its own layout.
 
-    python benchmarks/llada2_padded_sum.py --state runs/A/state.pt --padded runs/B/state.pt
+    python -m lab.probes.llada2_padded_sum --state runs/A/state.pt --padded runs/B/state.pt
         [--n 200] [--out DIR]
 
 One forward per answer, the two numbers written into the canvas and the sum masked, on
@@ -20,14 +20,12 @@ import pathlib
 import random
 import sys
 
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))  # report.py beside this script
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # report.py
 
-from llada2_sum_from_working import one_forward  # noqa: E402
-from report import print_and_write  # noqa: E402
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
+from lab.probes.llada2_sum_from_working import one_forward
+from report import print_and_write
 
 PLACES = 6  # places reported one by one; higher ones are pooled into the last
 

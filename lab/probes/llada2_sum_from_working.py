@@ -2,7 +2,7 @@
 shows, or computes the product from the prompt past them: one forward per answer, the
 working written into the canvas and the sum masked.
 
-    python benchmarks/llada2_sum_from_working.py --state runs/A/state.pt [--state runs/B/state.pt ...]
+    python -m lab.probes.llada2_sum_from_working --state runs/A/state.pt [--state runs/B/state.pt ...]
         [--n 100] [--out DIR]
 
 For `n` held-out products with both factors of two digits or more, three canvases:
@@ -23,13 +23,11 @@ import pathlib
 import random
 import sys
 
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))  # report.py beside this script
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # report.py
 
-from report import print_and_write  # noqa: E402
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
+from report import print_and_write
 
 
 def one_forward(model, encoder, ids, block: int, prompt: str, shown: str, hidden: str) -> list[bool]:

@@ -1,6 +1,6 @@
 """What a LLaDA2-format training state answers on retrieval, by kind of error.
 
-    python benchmarks/llada2_retrieval_errors.py --state runs/llada2-run1/state.pt [--n 48]
+    python -m lab.probes.llada2_retrieval_errors --state runs/llada2-run1/state.pt [--n 48]
 
 For retrieval at 2, 3 and 4 pairs and at the curriculum's first raise (6-14 pairs),
 held-out instances decoded with LLaDA2.0's rule at threshold 0.95 (the training
@@ -14,8 +14,6 @@ letters of a value gives mixed letters.
 
 from __future__ import annotations
 
-import sys
-
 import argparse
 import collections
 import json
@@ -25,11 +23,10 @@ import re
 
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
-from lab.tasks import TEST, Retrieval  # noqa: E402
-from lab.training.batches import Llada2Encoder  # noqa: E402
-from lab.train_llada2 import saved_llada2_model  # noqa: E402
-from lab.training import llada2  # noqa: E402
+from lab.tasks import TEST, Retrieval
+from lab.training.batches import Llada2Encoder
+from lab.train_llada2 import saved_llada2_model
+from lab.training import llada2
 
 SIZES = ((2, 2), (3, 3), (4, 4), (6, 14))
 

@@ -2,7 +2,7 @@
 learned on the training split and not the test split (memorised), on neither, or on
 both; and when the tens digit of a 2x2 product is wrong, what the model wrote there.
 
-    python benchmarks/llada2_multiply_products.py --model DIR [--n 80] [--out DIR]
+    python -m lab.probes.llada2_multiply_products --model DIR [--n 80] [--out DIR]
 
 For each multiplicand of 2, 3 and 4 digits under a multiplier of 10-99, `n` instances
 of each split (the tasks' hash decides an instance's split, as for every task), at the
@@ -23,15 +23,14 @@ import random
 import sys
 from collections import Counter
 
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))  # report.py beside this script
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # report.py
 
-from report import print_and_write  # noqa: E402
+from report import print_and_write
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
-from lab.eval import OFFLINE_ENGINE, OfflineRunner  # noqa: E402
-from lab.tasks import TEST, TRAIN, Instance, Multiply, multiply_product, score  # noqa: E402
+from lab.eval import OFFLINE_ENGINE, OfflineRunner
+from lab.tasks import TEST, TRAIN, Instance, Multiply, multiply_product, score
 
 MULTIPLICAND_DIGITS = (2, 3, 4)
 TENS_EXPLANATIONS = ("carry left out", "a0*b1 left out", "a1*b0 left out", "right +1", "right -1", "right +2",

@@ -2,7 +2,7 @@
 wrong, through the plugin: the partial products (a by the multiplier's units digit, a by
 its tens digit times ten), or the sum of the partial products the answer itself wrote.
 
-    python benchmarks/llada2_multiply_working.py --model DIR [--n 150] [--seed 0] [--out DIR]
+    python -m lab.probes.llada2_multiply_working --model DIR [--n 150] [--seed 0] [--out DIR]
 
 `n` held-out products with both factors of two digits or more (every one writes its
 working, `tasks.multiply_answer`), at the model's default decoding.  Each answer is
@@ -21,14 +21,13 @@ import re
 import sys
 from collections import Counter
 
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))  # report.py beside this script
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # report.py
 
-from report import print_and_write  # noqa: E402
+from report import print_and_write
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
-from lab.tasks import TEST, Instance, Multiply, multiply_factors, score  # noqa: E402
+from lab.tasks import TEST, Instance, Multiply, multiply_factors, score
 
 CHECKS = ("written as p0+p1=product", "p0 right", "p1 right", "both partial products right",
           "product = p0 + p1 as written", "product right", "whole answer right")
