@@ -36,10 +36,8 @@ SHUTDOWN_TIMEOUT_S = 30
 def server(model_dir):
     # VLLM_PLUGINS=dllm loads our endpoint plugin too (vllm_dllm/frontend.py): the
     # streaming 400s and the temperature-0 field checks tested below need it.
-    # Whitespace-free JSON for structured outputs: a random checkpoint would fill any
-    # canvas with the whitespace a JSON grammar allows between tokens.
-    srv = ServerProcess(model_dir, "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S), "--structured-outputs-config",
-                        json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}), env={"VLLM_PLUGINS": "dllm"})
+    # Structured outputs with the server's defaults (compact JSON for our models).
+    srv = ServerProcess(model_dir, "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S), env={"VLLM_PLUGINS": "dllm"})
     srv.start()
     try:
         # What a scraper sees before the first request (test_metrics_exposed_at_start).

@@ -38,20 +38,10 @@ from vllm_dllm.phases import (
     max_block_causal_queries,
 )
 from vllm_dllm.scheduler.accounting import ComputedTokensAccounting
-from vllm_dllm.scheduler.completion import Alphabet, alphabet_of, need
-from vllm_dllm.scheduler.grammar import (
-    Frontier,
-    canvas_block,
-    canvas_blocks,
-    ends_request,
-    jump_tokens,
-    plan_frontiers,
-    rolls_back_deeply,
-    stop_allowed_after,
-)
 from vllm_dllm.scheduler.plan import Candidate, Holder, choose_preemptions, plan_step
 from vllm_dllm.scheduler.track import RequestTrack
 from vllm_dllm.scheduler.prefix_cache import leading_blocks, usable_prefix
+from vllm_dllm.scheduler.structured import StructuredOutputs
 from vllm_dllm.server_config import prefill_chunk, server_defaults
 
 logger = init_logger(__name__)
@@ -85,10 +75,7 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
         # Structured outputs (scheduler/grammar.py): where each request's streamed
         # tokens broke its grammar (sent with the next step), the bitmask rows, and
         # the tokens forced this step (for the step's stats).
-        self._returned: dict[str, int] = {}
-        self._bitmask = None
-        self._forced = 0
-        self._alphabet: Alphabet | None = None  # completion tokens (scheduler/completion.py)
+        self._structured = StructuredOutputs(self.structured_output_manager, self.max_num_running_reqs)
 
     # ---- admission ----------------------------------------------------------
 
@@ -341,152 +328,19 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             finished_req_ids=self.finished_req_ids,
             free_encoder_mm_hashes=[],
             preempted_req_ids=self.reset_preempted_req_ids,
-            grammar=self._plan_grammar([self.requests[r] for r in plan.num_tokens]),
+            grammar=self._structured.plan([self.requests[r] for r in plan.num_tokens], self._costs),
         )
         self.finished_req_ids = set()
         self.reset_preempted_req_ids = set()
         return output
 
-    # ---- structured outputs (scheduler/grammar.py) ---------------------------
-
-    def _plan_grammar(self, scheduled: list[Request]) -> GrammarStep | None:
-        """Forced tokens and frontier masks of the step's constrained requests, and
-        the returns to the mask the last step's validation decided."""
-        frontiers = []
-        for request in scheduled:
-            if not request.use_structured_output:
-                continue
-            options = self._costs[request.request_id].options
-            start = request.num_output_tokens
-            first, length = canvas_blocks(options)
-            end = min(first + (canvas_block(options, start) + 1) * length, options.output_length)
-            # Token editing may rewrite a forced token (only the frontier is masked),
-            # so a request that edits forces nothing.
-            editing = getattr(options, "editing_threshold", None) is not None
-            room = 0 if editing else max(end - start, 0)
-            grammar = request.structured_output_request.grammar
-            stop_ids = frozenset(request.sampling_params.all_stop_token_ids)
-            left = options.output_length - start
-            alphabet = None if editing or not rolls_back_deeply(grammar) else self._completion_alphabet(stop_ids)
-            if alphabet is not None and self._prefix_need(request, left, alphabet) is None:
-                alphabet = None  # the canvas is too short for any document: nothing to force
-            frontiers.append(Frontier(request.request_id, grammar, room, stop_ids,
-                                      jump_tokens(grammar, self.structured_output_manager.tokenizer),
-                                      left=left, alphabet=alphabet, need=self._costs[request.request_id].grammar_need,
-                                      close_now=self._costs[request.request_id].grammar_close))
-        if not frontiers and not self._returned:
-            return None
-        step = plan_frontiers(frontiers, self._bitmask_rows(len(frontiers))) if frontiers else GrammarStep()
-        step.returned, self._returned = self._returned, {}
-        self._forced = sum(len(tokens) for tokens in step.forced.values())
-        return step
-
-    def _completion_alphabet(self, stop_ids) -> Alphabet:
-        if self._alphabet is None:
-            self._alphabet = alphabet_of(self.structured_output_manager.tokenizer)
-        return self._alphabet.with_stops(stop_ids)
-
-    def _completing_prefix(self, request: Request, valid: list[int]) -> list[int]:
-        """The longest prefix of a step's accepted tokens whose document can still
-        complete in the canvas's positions after it (all of them, as a rule: the
-        prefix before the step could), and what its grammar then needs.  A request
-        that edits tokens, or whose canvas is too short for any document, keeps them."""
-        track = self._costs.get(request.request_id)
-        grammar, req_id = request.structured_output_request.grammar, request.request_id
-        if (track is None or track.grammar_short or getattr(track.options, "editing_threshold", None) is not None
-                or not rolls_back_deeply(grammar)):
-            return valid
-        alphabet = self._completion_alphabet(request.sampling_params.all_stop_token_ids)
-        left = track.options.output_length - request.num_output_tokens
-        for keep in range(len(valid), 0, -1):
-            if not grammar.accept_tokens(req_id, valid[:keep]):
-                continue
-            needed = need(grammar, req_id, alphabet, left - keep, self._bitmask_rows(1))
-            grammar.rollback(keep)
-            if needed is not None:
-                track.grammar_need = needed
-                # Cut short: the model would choose the same tokens again, so the
-                # document is completed from here.
-                track.grammar_close = keep < len(valid)
-                return valid[:keep]
-        if track.grammar_need is None:
-            track.grammar_short = True  # not even the prefix before the step could complete
-            return valid
-        track.grammar_close = True
-        return []  # the prefix before the step completes in time (its need is kept)
-
-    def _prefix_need(self, request: Request, left: int, alphabet: Alphabet) -> int | None:
-        """What a constrained request's grammar needs from its accepted prefix, worked
-        out once when unknown; a canvas too short for any document is noted."""
-        track = self._costs[request.request_id]
-        if track.grammar_need is None and not track.grammar_short:
-            track.grammar_need = need(request.structured_output_request.grammar, request.request_id, alphabet,
-                                      left, self._bitmask_rows(1))
-            track.grammar_short = track.grammar_need is None
-        return track.grammar_need
-
-    def _bitmask_rows(self, rows: int):
-        if self._bitmask is None or self._bitmask.shape[0] < rows:
-            backend = self.structured_output_manager.backend
-            self._bitmask = backend.allocate_token_bitmask(max(rows, self.max_num_running_reqs))
-        return self._bitmask
-
-    def _validate_streamed(self, model_runner_output) -> int:
-        """Cut each constrained request's new tokens to the prefix its grammar
-        accepts (vLLM then streams and accepts only those), and note where the rest
-        goes back to the mask.  Returns the tokens cut."""
-        cut = 0
-        for req_id, index in output_rows(model_runner_output).items():
-            request = self.requests.get(req_id)
-            if request is None or not request.use_structured_output:
-                continue
-            new = model_runner_output.sampled_token_ids[index]
-            if not new or request.structured_output_request.grammar.is_terminated():
-                continue
-            # The grammar's own check: the manager's wrapper became a speculative-decoding
-            # trim in vLLM 0.34 (it keeps one token past the valid prefix).
-            valid = request.structured_output_request.grammar.validate_tokens(list(new))
-            params = request.sampling_params
-            stop_ids = frozenset(params.all_stop_token_ids)
-            ends_early = False
-            if len(valid) < len(new):
-                rejected = new[len(valid)]
-                if rejected in stop_ids and not ends_request(valid, stop_ids):
-                    if stop_allowed_after(request.structured_output_request.grammar, req_id, valid, rejected,
-                                          self._bitmask_rows(1)):
-                        valid = [*valid, rejected]
-                    else:
-                        ends_early = not params.ignore_eos
-            if ends_request(valid, stop_ids) and not params.ignore_eos:
-                model_runner_output.sampled_token_ids[index] = valid
-                continue
-            valid = self._completing_prefix(request, valid)
-            if ends_early and req_id in self._costs:
-                # The model ends its answer where the document is still open: it is
-                # completed from there, not decoded again until the model gives in.
-                self._costs[req_id].grammar_close = True
-            if len(valid) == len(new):
-                continue
-            model_runner_output.sampled_token_ids[index] = valid
-            self._returned[req_id] = request.num_output_tokens + len(valid)
-            cut += len(new) - len(valid)
-        return cut
-
-    def _restart_returned_blocks(self) -> None:
-        """A request whose tokens went back to the mask restarts the block holding
-        the first of them (as the engine does: engine/constraints.py)."""
-        for req_id, start in self._returned.items():
-            track = self._costs.get(req_id)
-            if track is not None:
-                track.block, track.block_step = canvas_block(track.options, start), 0
-
     def update_from_output(self, scheduler_output, model_runner_output):
-        returned = self._validate_streamed(model_runner_output) if self._costs else 0
+        returned = self._structured.validate(model_runner_output, self.requests, self._costs) if self._costs else 0
         self._step_stats = self._measure_step(scheduler_output, model_runner_output)
-        self._restart_returned_blocks()
+        self._structured.restart_returned_blocks(self._costs)
+        forced = self._structured.take_forced()
         if self._step_stats is not None:
-            self._step_stats.returned_tokens, self._step_stats.forced_tokens = returned, self._forced
-        self._forced = 0
+            self._step_stats.returned_tokens, self._step_stats.forced_tokens = returned, forced
         self._likelihoods.update(getattr(model_runner_output, "likelihoods", None) or {})
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if self._likelihoods:
