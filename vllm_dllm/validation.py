@@ -17,7 +17,7 @@ from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import RequestOutputKind
 
 from vllm_dllm.compat import logits_processor_base
-from vllm_dllm.options import OptionError, resolve
+from vllm_dllm.options import OptionError, resolve_params
 from vllm_dllm.options.likelihood import likelihood_request, model_problem
 from vllm_dllm.server_config import process_defaults
 
@@ -72,14 +72,7 @@ class DiffusionParamsValidator(logits_processor_base()):
             if is_set(sampling_params):
                 raise VLLMValidationError(unsupported(name), parameter=name)
         try:
-            options = resolve(
-                defaults,
-                max_tokens=sampling_params.max_tokens,
-                temperature=sampling_params.temperature,
-                top_p=sampling_params.top_p,
-                top_k=sampling_params.top_k,
-                extra_args=sampling_params.extra_args,
-            )
+            options = resolve_params(defaults, sampling_params)
         except OptionError as err:
             raise VLLMValidationError(str(err)) from err
         problem = defaults.deployment_problem(options)

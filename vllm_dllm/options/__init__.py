@@ -79,6 +79,7 @@ from vllm_dllm.options.registry import (
     check_overrides,
     defaults_from_generation_config,
     resolve,
+    resolve_params,
 )
 
 __all__ = [
@@ -127,6 +128,7 @@ __all__ = [
     "is_filter",
     "llada_has_no_filter",
     "resolve",
+    "resolve_params",
     "resolve_dream",
     "resolve_llada",
     "sequence_copies",

@@ -139,3 +139,9 @@ def resolve(
             server=defaults.overrides,
         )
     )
+
+
+def resolve_params(defaults: ServerSettings, params) -> DecodeOptions:
+    """`resolve` for a request's vLLM SamplingParams."""
+    return resolve(defaults, max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
+                   top_k=params.top_k, extra_args=params.extra_args)

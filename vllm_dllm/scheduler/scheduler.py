@@ -10,7 +10,7 @@ admitted, so a running request never runs short of KV.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from vllm_dllm.engine.likelihood import elbo_tokens
 from vllm_dllm.engine.prompt_scoring import scoring_tokens
 from vllm_dllm.kv_footprint import request_slots
 from vllm_dllm.metrics import StepStats
-from vllm_dllm.options import DecodeOptions, OptionError, resolve, sequence_copies
+from vllm_dllm.options import DecodeOptions, OptionError, resolve_params, sequence_copies
 from vllm_dllm.options.likelihood import RECIPE_OF_KIND, likelihood_request
 from vllm_dllm.options.likelihood import model_problem as likelihood_model_problem
 from vllm_dllm.options.likelihood import prompt_problem as likelihood_prompt_problem
@@ -49,9 +49,11 @@ logger = init_logger(__name__)
 
 @dataclass
 class DiffusionSchedulerOutput(SchedulerOutput):
-    """vLLM's scheduler output plus the step's structured-output decisions
+    """vLLM's scheduler output plus the decoding options of the step's new requests
+    (resolved once, at admission) and the step's structured-output decisions
     (engine/constraints.py; None when no request of the step has a grammar)."""
 
+    options: dict[str, DecodeOptions] = field(default_factory=dict)
     grammar: GrammarStep | None = None
 
 
@@ -91,14 +93,7 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
         if params is None:
             return "diffusion models only serve generation requests"
         try:
-            options = resolve(
-                self.defaults,
-                max_tokens=params.max_tokens,
-                temperature=params.temperature,
-                top_p=params.top_p,
-                top_k=params.top_k,
-                extra_args=params.extra_args,
-            )
+            options = resolve_params(self.defaults, params)
         except OptionError as err:
             return str(err)
         problem = self.defaults.deployment_problem(options)
@@ -320,6 +315,7 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             self.requests[req_id].num_in_flight_tokens += tokens
         output = DiffusionSchedulerOutput(
             scheduled_new_reqs=new_reqs,
+            options={new.req_id: self._costs[new.req_id].options for new in new_reqs},
             scheduled_cached_reqs=cached,
             num_scheduled_tokens=dict(plan.num_tokens),
             total_num_scheduled_tokens=sum(plan.num_tokens.values()),

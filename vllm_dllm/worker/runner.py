@@ -27,7 +27,7 @@ from vllm_dllm.compat import runner_output_order
 from vllm_dllm.engine.engine import StepEngine
 from vllm_dllm.engine.graphs import capture_cuda_graph
 from vllm_dllm.engine.likelihood import elbo_task
-from vllm_dllm.options import resolve
+from vllm_dllm.options import DecodeOptions
 from vllm_dllm.server_config import BLOCK_CAUSAL_KINDS, prefill_chunk, server_defaults
 from vllm_dllm.worker.kv_pool import bind_kv_pool
 from vllm_dllm.worker.special_ids import special_ids
@@ -55,6 +55,15 @@ def prompt_logprobs_tensors(arrays) -> LogprobsTensors:
 
 def _device_memory_allocated(device: torch.device) -> int:
     return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+
+
+def new_request_options(scheduler_output: SchedulerOutput, req_id: str) -> DecodeOptions:
+    """A new request's decoding options, as the scheduler resolved them at admission."""
+    options = getattr(scheduler_output, "options", {}).get(req_id)
+    if options is None:
+        raise RuntimeError(f"request {req_id} reached the diffusion runner without decoding options: it runs "
+                           "only under the diffusion scheduler (vllm_dllm.scheduler.scheduler.DiffusionScheduler)")
+    return options
 
 
 @dataclass
@@ -271,22 +280,14 @@ class DiffusionModelRunner:
                 # block-causal one's prefix may come from the prefix cache).
                 engine.resume(new.req_id, list(new.block_ids[0]), new.num_computed_tokens)
             else:
-                self._add(new)
+                self._add(new, new_request_options(scheduler_output, new.req_id))
         cached = scheduler_output.scheduled_cached_reqs
         for req_id, new_blocks in zip(cached.req_ids, cached.new_block_ids):
             if new_blocks:
                 engine.append_blocks(req_id, list(new_blocks[0]))
 
-    def _add(self, new: NewRequestData) -> None:
+    def _add(self, new: NewRequestData, options: DecodeOptions) -> None:
         params = new.sampling_params
-        options = resolve(
-            self.defaults,
-            max_tokens=params.max_tokens,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k,
-            extra_args=params.extra_args,
-        )
         seed = params.seed if params.seed is not None else unseeded_seed(new.req_id, self.model_config.seed)
         self.engine.add(new.req_id, list(new.prompt_token_ids), options, seed, list(new.block_ids[0]),
                         prefilled=new.num_computed_tokens, logprobs=params.logprobs,
