@@ -31,7 +31,7 @@ digits right of it; under a two-digit multiplier the answer writes its working f
 two partial products (a by the units digit, a by the tens digit times ten) and then their
 sum, so the sum's digits depend on answer tokens decoded before them.  (Written alone,
 the product was not learned: an 8-layer model did not learn to sum two partial products
-inside one digit's computation, whatever its training, docs/training-log.md;
+inside one digit's computation, whatever its training, lab/training-log.md;
 `Multiply(working=False)` still draws that format, and `score` still takes the
 product written alone as right: `accepted_answers`.  The working's three
 numbers are padded to six digits, so a sum digit stands a fixed distance after the two it
@@ -42,7 +42,7 @@ token is one other tasks answer with too.  Two earlier formats named the hub by 
 lowercase-pair key: written bare ("cd") in the link it is another token than the key
 (";cd="), and written as the key the answer must output one of 676 key tokens.  Either
 way the model had 676 pairings (of tokens, or of output rows) to learn from about one
-row each, and did not (docs/training-log.md).
+row each, and did not (lab/training-log.md).
 Brackets: the closers of the brackets left open, innermost first.  Answers use digits,
 capitals, spaces, "=", "+" and bracket characters, one token each under the task tokenizer.
 
@@ -233,7 +233,7 @@ def multiply_answer(a: int, b: int, working: bool = True, width: int | None = No
     """The product; with `working` and a two-digit multiplier, its partial products
     first, as written by hand: 4821*97 -> "33747+433890=467637" (4821*7, 4821*90, the
     sum).  The product's digit sums two partial products and a carry, a sum this model
-    size did not find from the product's digits alone (docs/training-log.md, sessions
+    size did not find from the product's digits alone (lab/training-log.md, sessions
     30-37); written out, each step is a product by one digit and then an addition, both
     learned, and the answer's later tokens depend on its earlier ones.  With `width`, the
     working's three numbers are written at that width, leading zeros in front
@@ -312,7 +312,7 @@ class Lookup(Task):
     """Retrieval's mechanism alone: find the queried key, read the one capital after it.
 
     An auxiliary training task, in no evaluation group: the LLaDA2-format model never
-    formed retrieval's lookup (docs/training-log.md), and a one-token value gives that
+    formed retrieval's lookup (lab/training-log.md), and a one-token value gives that
     mechanism its whole signal at every answer, where retrieval's two capitals can be
     half right."""
 
@@ -339,7 +339,7 @@ class WorkingSum(Task):
     or scored), so the sum can only be read from the answer, one position after its
     "=", as a multiply answer's sum is.  The LLaDA2-format model adds the prompt's
     numbers at 0.95 per digit and the same numbers written in multiply's answer at
-    0.2 in the tens and hundreds (docs/training-log.md).  Half the second
+    0.2 in the tens and hundreds (lab/training-log.md).  Half the second
     numbers end in 0, as a tens partial product does.  Its prompt is the same for every
     instance, so the split goes by the answer."""
 
@@ -394,7 +394,7 @@ class Recall(Task):
     """The lookup asked several times per instance (multi-query associative recall):
     one capital per queried key, in the order asked.  A single-query lookup gives one
     label per row, and the matching never formed from it in thousands of steps
-    (docs/training-log.md); each query here is a label of its own.  At most half of
+    (lab/training-log.md); each query here is a label of its own.  At most half of
     the keys are asked, so the answers seen unmasked never settle a masked one by
     elimination."""
 
@@ -447,7 +447,7 @@ class Brackets(Task):
 
 # Harder tasks: not part of `TASKS`, which the shipped model was trained on.
 # Multiply pads its working: the in-answer sum came at 0.99 a digit padded against 0.85 plain
-# over the same steps (docs/training-log.md).
+# over the same steps (lab/training-log.md).
 HARD_TASKS: dict[str, Task] = {t.name: t for t in (Sort(), Multiply(width=6), Chain(), Brackets())}
 # Tasks that train a mechanism another task needs; named alone, in no group.
 AUX_TASKS: dict[str, Task] = {t.name: t for t in (Lookup(), Recall(), WorkingSum(), PaddedWorkingSum())}

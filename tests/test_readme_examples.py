@@ -1,7 +1,7 @@
 """The documentation's example requests to the shipped task model get right answers.
 
 Every `curl .../v1/chat/completions` body and every OpenAI-client snippet in README.md
-and the user pages under docs/ (all but the vLLM surface reports and the training log)
+and the user pages under docs/ (all but the vLLM surface reports)
 that names the served task model (`vllm-dllm-task`) is sent, as written, to one
 `vllm serve` of vllm_dllm/default_model started the way `make serve` starts it, and the
 reply must be the task's correct answer, computed here from the prompt alone.  An
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 SERVED_NAME = "vllm-dllm-task"
 # Pages that are records, not user documentation: no examples are read from them.
-NOT_USER_DOCS = re.compile(r"vllm-[0-9.]+-surface\.md|training-log\.md")
+NOT_USER_DOCS = re.compile(r"vllm-[0-9.]+-surface\.md")
 
 
 def doc_pages() -> list[Path]:

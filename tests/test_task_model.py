@@ -6,7 +6,7 @@ for a whole answer (a random 16-48 symbol string, a 1-7 digit sum, one of the 40
 values in the context) and 1/26 per letter or 1/10 per digit in place, so the floors
 below only pass when the engine, the checkpoint loader and the decoding rule are all
 right.  They sit well under the
-model's measured accuracy on 500 instances (README, docs/training-log.md) so that a
+model's measured accuracy on 500 instances (README, lab/training-log.md) so that a
 correct engine does not fail on an unlucky slice of 20.
 """
 

@@ -11,7 +11,7 @@ of another hub, a first letter from the link table, the second letter alone wron
 another value.
 
 "A first letter from the link table" tests one hypothesis about why the second hop
-stalls (docs/training-log.md).  The value's first capital X is the token
+stalls (lab/training-log.md).  The value's first capital X is the token
 two after the hub in the hub table (";" "C" "=" "X" "Y"), and the answer repeats that
 shape ("C" "=" "X" "Y").  But in the link table (";ab=" "C" ";cd=" "E") the capital
 two after a link's hub is the next link's hub: a capital, where the model's answer

@@ -4,7 +4,7 @@ gather per expert with index_add (the trainer's MoE before 2026-11-28).
     python -m lab.probes.llada2_moe_backward [--tokens 15000] [--repeats 7] [--threads 2]
 
 The shape is the converted run's (hidden 192, 16 experts of 144, 4 per token, 4 shared;
-docs/training-log.md); a retrieval batch of 48 rows in the two-copy layout is about
+lab/training-log.md); a retrieval batch of 48 rows in the two-copy layout is about
 15,000 tokens.  Both forwards run on the same layer and input, interleaved, in this one
 process; the table gives each one's median and the ratio.  Also checks that both give
 the same output and input gradient (float32 rounding apart).

@@ -2,7 +2,7 @@
 result is the sum of the partial products as written.
 
 Shown the right partial products, a model trained on the product alone keeps computing
-the product from the prompt's factors (docs/training-log.md: both partial
+the product from the prompt's factors (lab/training-log.md: both partial
 products right in 106 of 150 answers, their written sum in 7).  In an altered row the
 factors no longer give the result; only the written working does, so the result can be
 learned only by adding the two numbers the answer shows.  The trainer shows the working

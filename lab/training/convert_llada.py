@@ -3,7 +3,7 @@
 LLaDA2.0 is not trained from scratch: it converts a pretrained model (Ling 2.0) into
 block diffusion by continued training.  Our LLaDA-format task model already reads,
 copies, adds and looks keys up, and the LLaDA2-format model never formed the lookup
-from scratch (docs/training-log.md), so a LLaDA2 run can start from it the same way.
+from scratch (lab/training-log.md), so a LLaDA2 run can start from it the same way.
 The conversion keeps the function where the two formats allow it:
 
 * Embeddings and LM head: rows moved by token string (the task vocabulary is shared;

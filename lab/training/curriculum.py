@@ -61,7 +61,7 @@ def task_at(name: str, level: float) -> Task:
         return Addition(grow(3, full.max_digits))
     if isinstance(full, WorkingSum):
         # At full size from the start it stayed near chance (0.10-0.17 per digit) for 300
-        # steps from a model that adds the prompt's numbers (docs/training-log.md).
+        # steps from a model that adds the prompt's numbers (lab/training-log.md).
         if isinstance(full, PaddedWorkingSum):
             return PaddedWorkingSum(grow(1, full.max_digits), full.width)  # one width at every size
         return WorkingSum(grow(1, full.max_digits))

@@ -3,7 +3,7 @@
 With QK-norm the query and key RMSNorm gains are the attention's temperature: decayed
 (0.1 at lr 2e-3), they fell from 1.0 to ~0.2 over 15,800 steps of the first LLaDA2 run,
 every content match flattened to near-uniform attention, and retrieval's lookup never
-formed (docs/training-log.md).  Vectors (norm gains, biases) are left undecayed, as
+formed (lab/training-log.md).  Vectors (norm gains, biases) are left undecayed, as
 large-model recipes do.
 """
 

@@ -4,7 +4,7 @@ Each training step is one task's batch, and AdamW's second moments average the s
 gradients of the last ~1,000 steps over every task, so a task with small gradients moves
 the weights less per step, whatever it still has to learn.  On the LLaDA2 run a
 two-token retrieval answer in a 32-position canvas of end-of-text had under half of
-copy's whole gradient and a fifth of its attention gradient (docs/training-log.md).  Rescaling each step's gradients by (mean over tasks of their running
+copy's whole gradient and a fifth of its attention gradient (lab/training-log.md).  Rescaling each step's gradients by (mean over tasks of their running
 norms) / (this task's running norm) gives every task the same typical whole-gradient
 step (not the same per layer); a task's own steps keep their relative sizes, so its
 schedule of easy and hard batches is not flattened.

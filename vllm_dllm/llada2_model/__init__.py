@@ -1,5 +1,5 @@
 """The LLaDA2-format task model shipped with the plugin (trained by
-`lab.train --arch llada2`; docs/training-log.md).
+`lab.train --arch llada2`; lab/training-log.md).
 
 The folder is an unmodified LLaDA2.x checkpoint (llada2_moe, 8 layers, 14.03M parameters of which
 7.07M are active per token, bf16):
