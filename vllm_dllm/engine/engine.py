@@ -30,7 +30,7 @@ from vllm_dllm.engine.constraints import FrontierMasks, GrammarStep, block_of, f
 from vllm_dllm.engine.graphs import ReuseGraphs
 from vllm_dllm.engine.likelihood import ElboScorer, ElboTask
 from vllm_dllm.engine.logprob_store import LogprobStore
-from vllm_dllm.engine.prompt_scoring import PromptLogprobs, PromptScorer
+from vllm_dllm.engine.prompt_scoring import PromptLogprobs, PromptScorer, ScoringContext
 from vllm_dllm.engine.phases import POLICY_NONE, POLICY_SPARSE, PhaseParams, batch_phases
 from vllm_dllm.engine.step_inputs import SequenceLayout, FillLayout, build_step_inputs, to_device
 from vllm_dllm.kv_footprint import kept_positions, sequence_slots
@@ -492,13 +492,23 @@ class StepEngine:
                             progress=[tuple(p) for p in progress.tolist()], edits=edits)
         self._masks = None
         self._take_logprobs(slots_host, starts, output)
-        self.prompt_scorer.score(self, req_ids, slots_host)
-        output.likelihoods = self.elbo_scorer.score(self, req_ids, slots_host)
+        if self.prompt_scorer.asks(slots_host) or self.elbo_scorer.tasks:
+            context = self._scoring_context()
+            self.prompt_scorer.score(context, req_ids, slots_host)
+            output.likelihoods = self.elbo_scorer.score(context, req_ids, slots_host)
         if self.prompt_scorer.pending:
             for req_id, new in zip(req_ids, new_tokens):
                 if new and req_id in self.prompt_scorer.pending:
                     output.prompt_logprobs[req_id] = self.prompt_scorer.take(req_id)
         return output
+
+    def _scoring_context(self) -> ScoringContext:
+        return ScoringContext(
+            device=self.device, ids=self.ids, logits_shift=self.logits_shift, max_num_logits=self.max_num_logits,
+            lm_head=self.lm_head, host_prompt_len=self.host.prompt_len, prompt_tokens=self.prompt_tokens,
+            prompt_len=self.prompt_len, canvas=self.decode.canvas, block_table=self.block_table,
+            block_size=self.block_size, backend=self.backend, model=self.model, model_context=self.model_context,
+        )
 
     def _take_logprobs(self, slots_host: np.ndarray, starts: np.ndarray, output: StepOutput) -> None:
         """The logprob rows of the new tokens of the requests that asked (the step's

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from vllm_dllm.decoding.elbo import draw_samples, estimate
-from vllm_dllm.engine.prompt_scoring import forward_prompt_copies
+from vllm_dllm.engine.prompt_scoring import ScoringContext, forward_prompt_copies
 from vllm_dllm.engine.step_inputs import to_device
 from vllm_dllm.options.likelihood import RECIPE_OF_KIND, LikelihoodRequest, likelihood_request
 
@@ -93,20 +93,20 @@ class ElboScorer:
             for s, n in zip(slots_host.tolist(), prompt_len.tolist())
         ], dtype=np.int64)
 
-    def score(self, engine, req_ids: list[str], slots_host: np.ndarray) -> dict[str, dict]:
+    def score(self, ctx: ScoringContext, req_ids: list[str], slots_host: np.ndarray) -> dict[str, dict]:
         """The estimates of the step's requests that asked and are not scored yet."""
         todo = [(req_id, slot, self.tasks.pop(slot)) for req_id, slot in zip(req_ids, slots_host.tolist())
                 if slot in self.tasks]
         if not todo:
             return {}
-        lengths = [int(engine.host.prompt_len[slot]) for _, slot, _ in todo]
-        values = self._run(engine, [slot for _, slot, _ in todo], lengths, [task for _, _, task in todo])
+        lengths = [int(ctx.host_prompt_len[slot]) for _, slot, _ in todo]
+        values = self._run(ctx, [slot for _, slot, _ in todo], lengths, [task for _, _, task in todo])
         return {req_id: summary(task, length, v)
                 for (req_id, _, task), length, v in zip(todo, lengths, values)}
 
     @torch.inference_mode()
-    def _run(self, engine, slots: list[int], lengths: list[int], tasks: list[ElboTask]) -> list[torch.Tensor]:
-        device = engine.device
+    def _run(self, ctx: ScoringContext, slots: list[int], lengths: list[int], tasks: list[ElboTask]) -> list[torch.Tensor]:
+        device = ctx.device
         scored = [scored_length(t.recipe, n) for t, n in zip(tasks, lengths)]
         draws = [draw_samples(t.recipe, t.seed, n, t.request.context_tokens, t.request.mc_samples, t.request.mc_batch)
                  for t, n in zip(tasks, scored)]
@@ -126,9 +126,9 @@ class ElboScorer:
         masked, at_eos = to_device(torch.cat(masks), device), to_device(torch.cat(eos), device)
 
         def tokens(positions, input_ids):
-            return torch.where(masked, engine.ids.mask, torch.where(at_eos, engine.ids.eos, input_ids))
+            return torch.where(masked, ctx.ids.mask, torch.where(at_eos, ctx.ids.eos, input_ids))
 
-        hidden, starts = forward_prompt_copies(engine, np.array(seq_slot, dtype=np.int64), tokens,
+        hidden, starts = forward_prompt_copies(ctx, np.array(seq_slot, dtype=np.int64), tokens,
                                                seq_len=np.array(seq_len, dtype=np.int64))
 
         # The scored rows: every masked position of each sample, as (sample, position),
@@ -138,7 +138,7 @@ class ElboScorer:
         for slot, task, draw in zip(slots, tasks, draws):
             samples = task.request.mc_samples
             sample, position = torch.nonzero(draw.masked, as_tuple=True)
-            read = position - 1 if engine.logits_shift else position
+            read = position - 1 if ctx.logits_shift else position
             cond = torch.as_tensor(starts[first_copy : first_copy + samples])[sample] + read
             uncond = (torch.as_tensor(starts[first_copy + samples : first_copy + 2 * samples])[sample] + read
                       if task.copies == 2 else cond)
@@ -152,11 +152,11 @@ class ElboScorer:
             first_sample += samples
         cond_rows, uncond_rows = to_device(torch.cat(cond_rows), device), to_device(torch.cat(uncond_rows), device)
         cfg = to_device(torch.cat(row_cfg), device)
-        targets = engine.prompt_tokens[to_device(torch.cat(row_slot), device), to_device(torch.cat(positions), device)]
+        targets = ctx.prompt_tokens[to_device(torch.cat(row_slot), device), to_device(torch.cat(positions), device)]
         logprobs = torch.empty(len(cond_rows), dtype=torch.float64, device=device)
         guided = any(task.copies == 2 for task in tasks)
-        step = max(engine.max_num_logits // 2, 1) if guided else engine.max_num_logits
-        project, vocab = engine.lm_head.project, engine.lm_head.vocab
+        step = max(ctx.max_num_logits // 2, 1) if guided else ctx.max_num_logits
+        project, vocab = ctx.lm_head.project, ctx.lm_head.vocab
         for start in range(0, len(cond_rows), step):
             chunk = slice(start, start + step)
             logits = project(hidden[cond_rows[chunk]]).float()

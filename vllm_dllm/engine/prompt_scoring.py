@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -31,6 +32,28 @@ from vllm_dllm.decoding.logprobs import candidate_logprobs
 from vllm_dllm.engine.step_inputs import SequenceLayout, build_step_inputs, to_device
 
 PromptLogprobs = tuple[np.ndarray, np.ndarray, np.ndarray]  # token ids [P-1, k+1], logprobs, ranks [P-1]
+
+
+@dataclass(frozen=True)
+class ScoringContext:
+    """What the prompt scorers (prompt logprobs, the ELBO) read of the step engine:
+    its prompts and canvases, its special ids and LM head, and what one forward over
+    copies of prompts needs.  Made by the engine for each step that scores."""
+
+    device: torch.device
+    ids: object  # decoding/base.py SpecialIds: mask, eos
+    logits_shift: bool  # the model predicts position j from row j - 1
+    max_num_logits: int  # LM-head rows per chunk
+    lm_head: object  # the engine's LMHead: project(hidden) -> logits, and its vocab
+    host_prompt_len: np.ndarray  # per slot, on the host
+    prompt_tokens: torch.Tensor  # [slots, positions]
+    prompt_len: torch.Tensor  # [slots]
+    canvas: torch.Tensor  # [slots, positions]
+    block_table: torch.Tensor
+    block_size: int
+    backend: object  # the attention backend
+    model: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (input ids, positions) -> hidden states
+    model_context: Callable[[int], object]  # the model's per-forward context, by token count
 
 
 def block_end(position: np.ndarray, block_length: np.ndarray) -> np.ndarray:
@@ -73,21 +96,25 @@ class PromptScorer:
         self.num_logprobs[slot] = -1
         self.pending.pop(req_id, None)
 
+    def asks(self, slots_host: np.ndarray) -> bool:
+        """Whether a request of the step still waits for its prompt logprobs."""
+        return bool((self.num_logprobs[slots_host] >= 0).any())
+
     def step_tokens(self, slots_host: np.ndarray, prompt_len: np.ndarray) -> np.ndarray:
         """Extra query tokens of each request in this step (its copies, in its first step)."""
         return np.where(self.num_logprobs[slots_host] >= 0,
                         scoring_tokens(prompt_len, self.block_length[slots_host]), 0)
 
-    def score(self, engine, req_ids: list[str], slots_host: np.ndarray) -> None:
+    def score(self, ctx: ScoringContext, req_ids: list[str], slots_host: np.ndarray) -> None:
         """Run the copies of every request of the step that has not been scored yet."""
         todo = np.flatnonzero(self.num_logprobs[slots_host] >= 0)
         if not len(todo):
             return
         slots = slots_host[todo]
         k = int(self.num_logprobs[slots].max())
-        lengths = engine.host.prompt_len[slots]
+        lengths = ctx.host_prompt_len[slots]
         copies = np.maximum(lengths - 1, 0)
-        results = self._run(engine, slots, lengths, copies, k) if copies.sum() else None
+        results = self._run(ctx, slots, lengths, copies, k) if copies.sum() else None
         start = 0
         for index, slot, count in zip(todo.tolist(), slots.tolist(), copies.tolist()):
             width = int(self.num_logprobs[slot]) + 1
@@ -105,7 +132,7 @@ class PromptScorer:
         return self.pending.pop(req_id, None)
 
     @torch.inference_mode()
-    def _run(self, engine, slots: np.ndarray, lengths: np.ndarray, copies: np.ndarray, k: int) -> PromptLogprobs:
+    def _run(self, ctx: ScoringContext, slots: np.ndarray, lengths: np.ndarray, copies: np.ndarray, k: int) -> PromptLogprobs:
         seq_slot = np.repeat(slots, copies)
         # Copy c of a prompt masks positions j = c + 1 onwards; a block-causal copy
         # ends with j's block (nothing after it reaches j).
@@ -113,17 +140,17 @@ class PromptScorer:
         masked_from = np.arange(len(seq_slot)) - first + 1
         blocks = self.block_length[seq_slot]
         seq_len = np.where(blocks > 0, block_end(masked_from, np.maximum(blocks, 1)), np.repeat(lengths, copies))
-        row_masked_from = to_device(np.repeat(masked_from, seq_len), engine.device)
+        row_masked_from = to_device(np.repeat(masked_from, seq_len), ctx.device)
         hidden, starts = forward_prompt_copies(
-            engine, seq_slot, lambda positions, ids: torch.where(positions >= row_masked_from, engine.ids.mask, ids),
+            ctx, seq_slot, lambda positions, ids: torch.where(positions >= row_masked_from, ctx.ids.mask, ids),
             seq_len=seq_len, block_length=blocks if blocks.any() else None)
-        predicts = masked_from - 1 if engine.logits_shift else masked_from
-        rows = to_device(starts + predicts, engine.device)
-        targets = engine.prompt_tokens[to_device(seq_slot, engine.device), to_device(masked_from, engine.device)]
+        predicts = masked_from - 1 if ctx.logits_shift else masked_from
+        rows = to_device(starts + predicts, ctx.device)
+        targets = ctx.prompt_tokens[to_device(seq_slot, ctx.device), to_device(masked_from, ctx.device)]
         parts = []
-        head = engine.lm_head
-        for start in range(0, len(rows), engine.max_num_logits):
-            chunk = slice(start, start + engine.max_num_logits)
+        head = ctx.lm_head
+        for start in range(0, len(rows), ctx.max_num_logits):
+            chunk = slice(start, start + ctx.max_num_logits)
             parts.append(candidate_logprobs(head.project(hidden[rows[chunk]]), targets[chunk], k, head.vocab))
         ids = torch.cat([p.ids for p in parts]).cpu().numpy()
         values = torch.cat([p.values for p in parts]).cpu().numpy()
@@ -132,7 +159,7 @@ class PromptScorer:
 
 
 def forward_prompt_copies(
-    engine, seq_slot: np.ndarray, tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ctx: ScoringContext, seq_slot: np.ndarray, tokens: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     seq_len: np.ndarray | None = None, block_length: np.ndarray | None = None,
 ) -> tuple[torch.Tensor, np.ndarray]:
     """One forward over copies of prompts: copy i is the first `seq_len[i]` positions
@@ -142,18 +169,17 @@ def forward_prompt_copies(
     (in flight: no KV pool is read or written), block-causally where `block_length`
     > 0.  Returns the hidden states and the first row of each copy."""
     if seq_len is None:
-        seq_len = engine.host.prompt_len[seq_slot]
+        seq_len = ctx.host_prompt_len[seq_slot]
     zeros = np.zeros(len(seq_slot), dtype=np.int64)
     layout = SequenceLayout(slot=seq_slot, twin=zeros.astype(bool), query_start=zeros, num_queries=seq_len,
                             seq_len=seq_len, kv_start=zeros)
     inputs = build_step_inputs(
-        layout, prompt_tokens=engine.prompt_tokens, prompt_len=engine.prompt_len, canvas=engine.decode.canvas,
-        block_table=engine.block_table, block_size=engine.block_size, mask_id=engine.ids.mask,
-        backend=engine.backend,
+        layout, prompt_tokens=ctx.prompt_tokens, prompt_len=ctx.prompt_len, canvas=ctx.canvas,
+        block_table=ctx.block_table, block_size=ctx.block_size, mask_id=ctx.ids.mask, backend=ctx.backend,
     )
     input_ids = tokens(inputs.positions, inputs.input_ids)
-    blocks = None if block_length is None else to_device(block_length, engine.device)
+    blocks = None if block_length is None else to_device(block_length, ctx.device)
     meta = dataclasses.replace(inputs.metadata, in_flight=True, in_flight_blocks=blocks)
-    with attention_metadata(meta), engine.model_context(len(input_ids)):
-        hidden = engine.model(input_ids, inputs.positions)
+    with attention_metadata(meta), ctx.model_context(len(input_ids)):
+        hidden = ctx.model(input_ids, inputs.positions)
     return hidden, np.cumsum(seq_len) - seq_len
