@@ -33,7 +33,7 @@ from tests.oracle_llada2 import llada2_generate, load_llada2_oracle  # noqa: E40
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
 from lab.eval import canvas_for, instances  # noqa: E402
 from vllm_dllm.options import LLADA2, resolve  # noqa: E402
-from vllm_dllm.server_defaults import ServerDefaults  # noqa: E402
+from vllm_dllm.serving.server_defaults import ServerDefaults  # noqa: E402
 from lab.tasks import closest_answer, resolve_tasks, score  # noqa: E402
 from lab.training.batches import Llada2Encoder  # noqa: E402
 from lab.training.llada2_objective import extend_to_block  # noqa: E402

@@ -121,7 +121,7 @@ def served_decoding(metrics_text: str, model: str) -> dict[str, str]:
     /metrics page (metrics.DECODING_INFO), or {} where it has none."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from vllm_dllm.metrics import DECODING_INFO
+    from vllm_dllm.serving.metrics import DECODING_INFO
 
     for family in text_string_to_metric_families(metrics_text):
         for sample in family.samples:
@@ -156,7 +156,7 @@ class OfflineRunner:
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
-        from vllm_dllm.metrics import DiffusionStatLogger
+        from vllm_dllm.serving.metrics import DiffusionStatLogger
 
         args = EngineArgs(model=model, disable_log_stats=False, **engine_kwargs)
         self.engine = LLMEngine.from_engine_args(args, stat_loggers=[DiffusionStatLogger])
@@ -173,7 +173,7 @@ class OfflineRunner:
         if self.exact:
             return task.gen_length
         from vllm_dllm.options.registry import resolve
-        from vllm_dllm.server_config import server_defaults
+        from vllm_dllm.serving.server_config import server_defaults
 
         options = resolve(server_defaults(self.engine.vllm_config), max_tokens=task.gen_length,
                           temperature=0.0, top_p=1.0, top_k=0, extra_args=xargs)

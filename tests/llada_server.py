@@ -34,7 +34,7 @@ SHUTDOWN_TIMEOUT_S = 30
 
 @pytest.fixture(scope="module")
 def server(model_dir):
-    # VLLM_PLUGINS=dllm loads our endpoint plugin too (vllm_dllm/frontend.py): the
+    # VLLM_PLUGINS=dllm loads our endpoint plugin too (vllm_dllm/serving/frontend.py): the
     # streaming 400s and the temperature-0 field checks tested below need it.
     # Structured outputs with the server's defaults (compact JSON for our models).
     srv = ServerProcess(model_dir, "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S), env={"VLLM_PLUGINS": "dllm"})

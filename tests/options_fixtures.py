@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vllm_dllm.options import DREAM, LLADA, resolve
-from vllm_dllm.server_defaults import ServerDefaults
+from vllm_dllm.serving.server_defaults import ServerDefaults
 
 
 def llada(gen_config=None, server=None) -> ServerDefaults:

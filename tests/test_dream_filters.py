@@ -62,7 +62,7 @@ def llm(model_dir):
 
 
 def test_generation_config_top_k_is_a_server_default(llm):
-    from vllm_dllm.server_config import server_defaults
+    from vllm_dllm.serving.server_config import server_defaults
 
     assert server_defaults(llm.llm_engine.vllm_config).overrides["top_k"] == GEN_CONFIG_TOP_K
 
@@ -133,7 +133,7 @@ def _tiny_with_generation_config(tmp_path, arch: str, **values) -> Path:
 
 
 def test_override_generation_config_filter_reaches_dream_defaults(tmp_path):
-    from vllm_dllm.server_config import server_defaults
+    from vllm_dllm.serving.server_config import server_defaults
 
     path = _tiny_with_generation_config(tmp_path, "dream", top_k=50)
     config = _engine_config(path, override_generation_config={"top_p": 0.9})

@@ -1,4 +1,4 @@
-"""The HTTP front-end middleware (vllm_dllm/frontend.py) on a stand-in app.
+"""The HTTP front-end middleware (vllm_dllm/serving/frontend.py) on a stand-in app.
 
 No engine: a small Starlette app answers like vLLM's routes do (a JSON 400, or an
 SSE stream whose first event may be an error).  The real server path is covered by
@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from vllm_dllm.frontend import STATE_KEY, DiffusionRequestGuard, ServedModel, leading_error
+from vllm_dllm.serving.frontend import STATE_KEY, DiffusionRequestGuard, ServedModel, leading_error
 from vllm_dllm.options import DREAM, LLADA
 
 ERROR_EVENT = {"error": {"message": "diffusion option 'steps' must be a positive integer, got 0",
@@ -156,7 +156,7 @@ def test_client_error_logs_one_info_line_server_errors_keep_their_traceback():
 
     from vllm.exceptions import VLLMValidationError
 
-    from vllm_dllm.frontend import ClientErrorLogFilter, install_log_filter
+    from vllm_dllm.serving.frontend import ClientErrorLogFilter, install_log_filter
 
     class Serving:  # stands in for vLLM's serving object; its module names the logger
         pass

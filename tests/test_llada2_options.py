@@ -13,7 +13,7 @@ from lab.eval import canvas_for, served_decoding
 from vllm_dllm.options import LLADA2, OptionError, resolve
 from vllm_dllm.options.llada2 import unsupported_release
 from vllm_dllm.phases import block_causal_phase
-from vllm_dllm.server_defaults import ServerDefaults
+from vllm_dllm.serving.server_defaults import ServerDefaults
 from lab.tasks import ALL_TASKS
 
 
@@ -51,8 +51,8 @@ def test_a_server_describes_its_decoding_on_its_metrics_page():
 
     import prometheus_client
 
-    from vllm_dllm.metrics import DECODING_INFO, decoding_info
-    from vllm_dllm.server_config import RESOLVED_KEY
+    from vllm_dllm.serving.metrics import DECODING_INFO, decoding_info
+    from vllm_dllm.serving.server_config import RESOLVED_KEY
 
     def info(defaults):
         return decoding_info(types.SimpleNamespace(additional_config={RESOLVED_KEY: defaults.to_dict()}))

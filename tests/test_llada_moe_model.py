@@ -95,7 +95,7 @@ def test_llada_moe_is_served_as_llada():
     from types import SimpleNamespace
 
     from vllm_dllm.options import LLADA
-    from vllm_dllm.server_config import served_kind
+    from vllm_dllm.serving.server_config import served_kind
 
     for architecture in ("LLaDAMoEModelLM", "LLaDAMoeModelLM", "LLaDAMoEModel"):
         assert served_kind(SimpleNamespace(hf_config=SimpleNamespace(architectures=[architecture]))) == LLADA

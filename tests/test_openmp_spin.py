@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from vllm_dllm.compat import SMALL_MACHINE_CPUS
-from vllm_dllm.openmp_spin import SMALL_MACHINE_SPIN, SPIN_ENV, WAIT_POLICY_ENV, shorten_spin_on_small_machine
+from vllm_dllm.serving.compat import SMALL_MACHINE_CPUS
+from vllm_dllm.serving.openmp_spin import SMALL_MACHINE_SPIN, SPIN_ENV, WAIT_POLICY_ENV, shorten_spin_on_small_machine
 
 
 def test_a_small_machine_gets_a_short_spin():

@@ -17,7 +17,7 @@ from vllm_dllm.options import (
     OptionError,
     sequence_copies,
 )
-from vllm_dllm.server_defaults import DEFAULT_MAX_NUM_LOGITS, ServerDefaults
+from vllm_dllm.serving.server_defaults import DEFAULT_MAX_NUM_LOGITS, ServerDefaults
 
 
 # ---------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import pytest
 
 from tests.options_fixtures import dream, llada, res
 from vllm_dllm.options import DREAM, LLADA, OptionError
-from vllm_dllm.server_defaults import ServerDefaults
+from vllm_dllm.serving.server_defaults import ServerDefaults
 
 
 # ---------------------------------------------------------------------------

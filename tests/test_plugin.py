@@ -11,10 +11,10 @@ import pytest
 from vllm.engine.arg_utils import EngineArgs
 
 import vllm_dllm
-from vllm_dllm import compat
-from vllm_dllm.compat import DEFAULT_BLOCK_SIZE, RESERVED_CPU_ENV, V2_RUNNER_ENV, check_vllm_version
-from vllm_dllm.openmp_spin import SMALL_MACHINE_SPIN, SPIN_ENV, WAIT_POLICY_ENV
-from vllm_dllm.server_config import CPU_WORKER_CLS, RESOLVED_KEY, SCHEDULER_CLS, VALIDATOR_CLS
+from vllm_dllm.serving import compat
+from vllm_dllm.serving.compat import DEFAULT_BLOCK_SIZE, RESERVED_CPU_ENV, V2_RUNNER_ENV, check_vllm_version
+from vllm_dllm.serving.openmp_spin import SMALL_MACHINE_SPIN, SPIN_ENV, WAIT_POLICY_ENV
+from vllm_dllm.serving.server_config import CPU_WORKER_CLS, RESOLVED_KEY, SCHEDULER_CLS, VALIDATOR_CLS
 
 
 def engine_config(model_dir, **kwargs):
@@ -147,7 +147,7 @@ def test_features_the_engine_would_ignore_are_refused_at_startup(tiny_dirs, flag
 
 def test_installed_logits_processor_plugins_are_named_as_unapplied(tiny_dirs, tmp_path, monkeypatch, caplog):
     vllm_dllm.register()
-    with caplog.at_level(logging.WARNING, logger="vllm_dllm.server_config"):
+    with caplog.at_level(logging.WARNING, logger="vllm_dllm.serving.server_config"):
         engine_config(tiny_dirs("llada"))
     assert "applies no logits processors" not in caplog.text
     # An installed distribution declaring a logits-processor plugin, as pip leaves it.
@@ -157,7 +157,7 @@ def test_installed_logits_processor_plugins_are_named_as_unapplied(tiny_dirs, tm
     (info / "entry_points.txt").write_text("[vllm.logits_processors]\nno_repeats = no_repeats.procs:NoRepeats\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="vllm_dllm.server_config"):
+    with caplog.at_level(logging.WARNING, logger="vllm_dllm.serving.server_config"):
         engine_config(tiny_dirs("llada"))
     assert ("applies no logits processors: the installed plugins no_repeats = no_repeats.procs:NoRepeats "
             "(entry-point group vllm.logits_processors) will not change any output") in caplog.text
@@ -242,7 +242,7 @@ def test_other_models_keep_vllms_cpu_reservation(tmp_path, monkeypatch):
 def test_diffusion_metrics_only_for_our_architectures(tmp_path, tiny_dirs):
     import prometheus_client
 
-    from vllm_dllm.metrics import DiffusionStatLogger
+    from vllm_dllm.serving.metrics import DiffusionStatLogger
 
     vllm_dllm.register()
     llama = tmp_path / "llama"
@@ -269,7 +269,7 @@ def test_kv_gauges_read_zero_once_nothing_runs(tiny_dirs):
     that ran nothing (clearing finished or aborted requests) sets 0 when nothing runs."""
     from vllm.v1.metrics.stats import SchedulerStats
 
-    from vllm_dllm.metrics import DiffusionStatLogger, StepStats
+    from vllm_dllm.serving.metrics import DiffusionStatLogger, StepStats
 
     logger = DiffusionStatLogger(engine_config(tiny_dirs("llada")))
     logger.log_engine_initialized()

@@ -16,7 +16,7 @@ from vllm_dllm.attention.backends import TorchAttention
 from vllm_dllm.decoding import philox, triton_philox
 from vllm_dllm.engine.torch_model import build_model
 from vllm_dllm.options import LLADA
-from vllm_dllm.server_defaults import ServerDefaults
+from vllm_dllm.serving.server_defaults import ServerDefaults
 from vllm_dllm.worker import runner as runner_module
 from vllm_dllm.worker import self_check
 from vllm_dllm.worker.self_check import SelfCheckFailed, check_attention, check_philox, probe_options

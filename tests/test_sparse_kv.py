@@ -21,7 +21,7 @@ from vllm_dllm.engine.step_inputs import SequenceLayout, FillLayout, build_step_
 from vllm_dllm.engine.torch_model import build_model
 from vllm_dllm.kv_footprint import block_span, kept_positions, request_slots, sequence_slots
 from vllm_dllm.options import DREAM, LLADA, DreamOptions, LLaDAOptions, OptionError, resolve
-from vllm_dllm.server_defaults import ServerDefaults
+from vllm_dllm.serving.server_defaults import ServerDefaults
 
 
 def sparse_llada(gen=32, block=32, retention=0.3, cfg=0.0, **kw) -> LLaDAOptions:

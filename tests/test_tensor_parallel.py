@@ -145,7 +145,7 @@ def test_sparse_kv_is_refused_where_kv_heads_are_replicated(served):
 def test_the_sparse_refusal_depends_on_kv_heads_per_rank():
     from types import SimpleNamespace
 
-    from vllm_dllm.server_config import _sparse_refusal
+    from vllm_dllm.serving.server_config import _sparse_refusal
 
     def config(tp: int, kv_heads: int):
         return SimpleNamespace(parallel_config=SimpleNamespace(tensor_parallel_size=tp),

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from vllm.config import CacheConfig
 
-from vllm_dllm import compat
+from vllm_dllm.serving import compat
 from vllm_dllm.scheduler.accounting import ComputedTokensAccounting, computed_before_update
 
 # ---- num_computed_tokens at a stop ------------------------------------------------------
@@ -246,7 +246,7 @@ def test_on_cuda_the_hook_turns_unset_modes_off_before_vllm_resolves_them(tiny_d
     from vllm.engine.arg_utils import EngineArgs
 
     import vllm_dllm
-    from vllm_dllm import server_config
+    from vllm_dllm.serving import server_config
 
     vllm_dllm.register()
     monkeypatch.setattr(server_config, "_device", lambda: "cuda")
@@ -313,7 +313,7 @@ def test_the_installed_vllm_takes_our_scheduler_records():
 def test_the_validator_subclasses_the_interface_vllm_loads():
     """vLLM loads --logits-processors entries as subclasses of its interface (V1's
     before 0.34, the V2 runner's from 0.34 on) and refuses others at start-up."""
-    from vllm_dllm.validation import DiffusionParamsValidator
+    from vllm_dllm.serving.validation import DiffusionParamsValidator
 
     assert issubclass(DiffusionParamsValidator, compat.logits_processor_base())
     assert not getattr(DiffusionParamsValidator, "__abstractmethods__", None)

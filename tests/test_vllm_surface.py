@@ -1,4 +1,4 @@
-"""The vLLM surface check: the installed vLLM against vllm_dllm/vllm_surface.py, the
+"""The vLLM surface check: the installed vLLM against vllm_dllm/serving/vllm_surface.py, the
 list against the plugin's own imports, and the checker against small synthetic trees
 (so each kind of breakage is shown to be caught)."""
 
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_dllm import vllm_surface as surface
+from vllm_dllm.serving import vllm_surface as surface
 from vllm_dllm.tools import vllm_surface_check as checker
 from vllm_dllm.tools.vllm_source import SourceTree, fingerprint, resolve_qualname, signature_text
 from vllm_dllm.tools.vllm_surface_check import BROKEN, OK, REVIEW
@@ -22,7 +22,7 @@ PLUGIN = Path(__file__).resolve().parents[1] / "vllm_dllm"
 def plugin_files() -> list[Path]:
     """The plugin's code, without the surface list and its checker (which name vLLM
     modules as data)."""
-    skip = {PLUGIN / "vllm_surface.py", PLUGIN / "tools" / "vllm_surface_check.py"}
+    skip = {PLUGIN / "serving" / "vllm_surface.py", PLUGIN / "tools" / "vllm_surface_check.py"}
     return [f for f in sorted(PLUGIN.rglob("*.py")) if f not in skip]
 
 
@@ -73,7 +73,7 @@ def plugin_vllm_imports() -> set[tuple[str, str]]:
 def test_every_vllm_import_of_the_plugin_is_listed():
     listed = {(n.module, n.name) for n in surface.NAMES}
     unlisted = plugin_vllm_imports() - listed
-    assert not unlisted, f"add these to vllm_dllm/vllm_surface.py NAMES: {sorted(unlisted)}"
+    assert not unlisted, f"add these to vllm_dllm/serving/vllm_surface.py NAMES: {sorted(unlisted)}"
 
 
 def test_every_listed_name_is_still_used():
@@ -251,7 +251,7 @@ def test_expectations_of_other_releases_are_not_checked(tmp_path):
 
 
 def test_every_release_range_in_the_surface_is_one_the_support_window_meets():
-    from vllm_dllm.compat import SUPPORTED
+    from vllm_dllm.serving.compat import SUPPORTED
 
     low, high = SUPPORTED
     for section in (surface.NAMES, surface.OVERRIDES, surface.CALLS, surface.MEMBERS, surface.CONSTRUCTED,

@@ -29,7 +29,7 @@ from vllm_dllm.decoding.llada2 import filter_top_k_top_p
 from vllm_dllm.decoding.logprobs import candidate_logprobs
 from vllm_dllm.decoding.vocab import WHOLE, VocabShard
 from vllm_dllm.options import DREAM, LLADA, LLADA2, resolve
-from vllm_dllm.server_defaults import ServerDefaults
+from vllm_dllm.serving.server_defaults import ServerDefaults
 
 V = 61  # prime: shards of 31/30 (two ranks) and 21/21/19 (three)
 IDS = SpecialIds(mask=V - 1, eos=2, eot=7)

@@ -29,10 +29,10 @@ def register() -> None:
         return
     from vllm import ModelRegistry
 
-    from vllm_dllm.compat import check_vllm_version, register_config_hook
+    from vllm_dllm.serving.compat import check_vllm_version, register_config_hook
     from vllm_dllm.configs import register_hf_classes
     from vllm_dllm.models import cpu_rms_norm
-    from vllm_dllm.server_config import DiffusionConfigHook
+    from vllm_dllm.serving.server_config import DiffusionConfigHook
 
     check_vllm_version()
     register_hf_classes()

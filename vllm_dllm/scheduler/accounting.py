@@ -15,7 +15,7 @@ so there we subtract the trimmed tokens ourselves.
 
 from __future__ import annotations
 
-from vllm_dllm.compat import output_rows, stop_trims_computed_tokens
+from vllm_dllm.serving.compat import output_rows, stop_trims_computed_tokens
 
 
 def computed_before_update(num_tokens: int, num_new: int) -> int:

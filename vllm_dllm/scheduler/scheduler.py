@@ -22,12 +22,12 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.request import Request, RequestStatus
 
-from vllm_dllm.compat import cached_request_data, new_request_data, output_rows
+from vllm_dllm.serving.compat import cached_request_data, new_request_data, output_rows
 from vllm_dllm.engine.constraints import GrammarStep
 from vllm_dllm.engine.likelihood import elbo_tokens
 from vllm_dllm.engine.prompt_scoring import scoring_tokens
 from vllm_dllm.kv_footprint import request_slots
-from vllm_dllm.metrics import StepStats
+from vllm_dllm.serving.metrics import StepStats
 from vllm_dllm.options import DecodeOptions, OptionError, resolve_params, sequence_copies
 from vllm_dllm.options.likelihood import RECIPE_OF_KIND, likelihood_request
 from vllm_dllm.options.likelihood import model_problem as likelihood_model_problem
@@ -42,7 +42,7 @@ from vllm_dllm.scheduler.plan import Candidate, Holder, choose_preemptions, plan
 from vllm_dllm.scheduler.track import RequestTrack
 from vllm_dllm.scheduler.prefix_cache import leading_blocks, usable_prefix
 from vllm_dllm.scheduler.structured import StructuredOutputs
-from vllm_dllm.server_config import prefill_chunk, server_defaults
+from vllm_dllm.serving.server_config import prefill_chunk, server_defaults
 
 logger = init_logger(__name__)
 

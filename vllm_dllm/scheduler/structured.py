@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from vllm.v1.request import Request
 
-from vllm_dllm.compat import output_rows
+from vllm_dllm.serving.compat import output_rows
 from vllm_dllm.engine.constraints import GrammarStep
 from vllm_dllm.scheduler.completion import Alphabet, alphabet_of, need
 from vllm_dllm.scheduler.grammar import (

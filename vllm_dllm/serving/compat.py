@@ -4,7 +4,7 @@ vLLM has no public registry for per-architecture config hooks; the
 `MODELS_CONFIG_MAP` dict is what its own models use.  Touching it, and every
 behaviour that differs between the supported vLLM versions, is isolated here,
 behind version checks.  `python -m vllm_dllm.tools.vllm_surface_check` checks a vLLM
-source tree against the names listed in vllm_dllm/vllm_surface.py.
+source tree against the names listed in vllm_dllm/serving/vllm_surface.py.
 """
 
 from __future__ import annotations

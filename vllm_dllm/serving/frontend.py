@@ -104,7 +104,7 @@ class ServedModel:
                 )
         min_p = body.get("min_p")
         if isinstance(min_p, (int, float)) and not isinstance(min_p, bool) and min_p > 0:
-            from vllm_dllm.validation import unsupported
+            from vllm_dllm.serving.validation import unsupported
 
             return unsupported("min_p"), "min_p"
         return None
@@ -340,7 +340,7 @@ class DiffusionEndpoints:
         app.add_middleware(DiffusionRequestGuard, state=app.state)
 
     async def init_state(self, engine_client, state, args) -> None:
-        from vllm_dllm.server_config import served_kind
+        from vllm_dllm.serving.server_config import served_kind
 
         if engine_client is None:
             return
@@ -348,7 +348,7 @@ class DiffusionEndpoints:
         kind = served_kind(model_config)
         if kind is None:
             return  # not a diffusion model: the middleware passes everything through
-        from vllm_dllm.server_config import DEFAULT_GEN_LENGTH
+        from vllm_dllm.serving.server_config import DEFAULT_GEN_LENGTH
 
         defaults = model_config.get_diff_sampling_param()
         served = ServedModel(

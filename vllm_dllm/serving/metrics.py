@@ -110,7 +110,7 @@ DECODING_INFO = "vllm:diffusion_decoding_info"
 
 def decoding_info(vllm_config) -> dict[str, str]:
     """The served model's kind and default blocks, as label values."""
-    from vllm_dllm.server_config import BLOCK_CAUSAL_KINDS, server_defaults
+    from vllm_dllm.serving.server_config import BLOCK_CAUSAL_KINDS, server_defaults
 
     defaults = server_defaults(vllm_config)
     block_length = defaults.overrides.get("block_length")
@@ -125,7 +125,7 @@ class DiffusionStatLogger(StatLoggerBase):
     """Registered as a stat-logger plugin; active only when a diffusion model is served."""
 
     def __init__(self, vllm_config, engine_index: int = 0):
-        from vllm_dllm.server_config import served_kind
+        from vllm_dllm.serving.server_config import served_kind
 
         self.active = vllm_config.model_config is not None and served_kind(vllm_config.model_config) is not None
         self.labels = {

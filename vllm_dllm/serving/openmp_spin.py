@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 
-from vllm_dllm.compat import SMALL_MACHINE_CPUS
+from vllm_dllm.serving.compat import SMALL_MACHINE_CPUS
 
 SPIN_ENV = "GOMP_SPINCOUNT"
 WAIT_POLICY_ENV = "OMP_WAIT_POLICY"

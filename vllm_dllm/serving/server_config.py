@@ -15,7 +15,7 @@ from typing import Any
 
 from vllm.logger import init_logger
 
-from vllm_dllm.compat import (
+from vllm_dllm.serving.compat import (
     RESERVED_CPU_ENV,
     keep_v1_model_runner,
     keep_vllm_compilation_off,
@@ -25,7 +25,7 @@ from vllm_dllm.compat import (
 )
 from vllm_dllm.configs.llada_moe import LLADA_MOE_ARCHITECTURES
 from vllm_dllm.models import cpu_rms_norm
-from vllm_dllm.openmp_spin import SMALL_MACHINE_SPIN, SPIN_ENV, shorten_spin_on_small_machine
+from vllm_dllm.serving.openmp_spin import SMALL_MACHINE_SPIN, SPIN_ENV, shorten_spin_on_small_machine
 from vllm_dllm.options import (
     ARCHITECTURE_KINDS,
     DREAM_FILTER_KEYS,
@@ -35,7 +35,7 @@ from vllm_dllm.options import (
     is_filter,
 )
 from vllm_dllm.options.llada2 import unsupported_release
-from vllm_dllm.server_defaults import ServerDefaults
+from vllm_dllm.serving.server_defaults import ServerDefaults
 
 logger = init_logger(__name__)
 
@@ -47,7 +47,7 @@ CPU_WORKER_CLS = "vllm_dllm.worker.cpu_worker.DiffusionCPUWorker"
 GPU_WORKER_CLS = "vllm_dllm.worker.gpu_worker.DiffusionGPUWorker"
 DEFAULT_GEN_LENGTH = 128  # the LLaDA reference's default gen_length (see frontend.py)
 
-VALIDATOR_CLS = "vllm_dllm.validation:DiffusionParamsValidator"
+VALIDATOR_CLS = "vllm_dllm.serving.validation:DiffusionParamsValidator"
 LOGITS_PROCESSOR_PLUGIN_GROUP = "vllm.logits_processors"  # vLLM's LOGITSPROCS_GROUP
 
 ASYNC_SCHEDULING_REFUSAL = (

@@ -16,10 +16,10 @@ import torch
 from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import RequestOutputKind
 
-from vllm_dllm.compat import logits_processor_base
+from vllm_dllm.serving.compat import logits_processor_base
 from vllm_dllm.options import OptionError, resolve_params
 from vllm_dllm.options.likelihood import likelihood_request, model_problem
-from vllm_dllm.server_config import process_defaults
+from vllm_dllm.serving.server_config import process_defaults
 
 # SamplingParams fields vLLM honours for autoregressive models that a masked
 # diffusion step cannot: the request is refused rather than silently changed.

@@ -123,7 +123,6 @@ LAYERS = "vllm.model_executor.layers"
 
 NAMES: tuple[Name, ...] = (
     Name("vllm", "ModelRegistry", "__init__.register"),
-    Name("vllm", "SamplingParams", "eval.py"),
     Name("vllm", "__version__", "compat.vllm_version, when no distribution metadata is found"),
     Name("vllm", "_custom_ops", "models/cpu_rms_norm.py: loads torch.ops._C (rms_norm, fused_add_rms_norm) on the CPU"),
     Name("vllm", "ir", "models/cpu_rms_norm.py: registers the CPU RMSNorm provider"),
@@ -131,7 +130,6 @@ NAMES: tuple[Name, ...] = (
     Name("vllm.distributed", "get_tensor_model_parallel_world_size", "models/transformer.py"),
     Name("vllm.distributed", "tensor_model_parallel_all_gather",
          "worker/vocab_parallel.py: the LM head's per-row numbers"),
-    Name("vllm.engine.arg_utils", "EngineArgs", "eval.py"),
     Name("vllm.exceptions", "VLLMValidationError", "validation.py"),
     Name("vllm.sampling_params", "RequestOutputKind", "validation.py: a likelihood is not streamed"),
     Name("vllm.exceptions", "VLLMClientError", "frontend.py: a refused stream's exception, logged as one line"),
@@ -164,7 +162,6 @@ NAMES: tuple[Name, ...] = (
     Name("vllm.v1.engine", "EngineCoreEventType", "scheduler"),
     Name("vllm.v1.engine", "EngineCoreOutput", "scheduler"),
     Name("vllm.v1.engine", "EngineCoreOutputs", "scheduler"),
-    Name("vllm.v1.engine.llm_engine", "LLMEngine", "eval.py"),
     Name(KV, "FullAttentionSpec", "runner"),
     Name(KV, "KVCacheConfig", "runner, kv_pool"),
     Name(KV, "KVCacheSpec", "runner"),
@@ -174,9 +171,6 @@ NAMES: tuple[Name, ...] = (
     Name("vllm.v1.outputs", "LogprobsLists", "runner: committed tokens' logprob rows"),
     Name("vllm.v1.outputs", "LogprobsTensors", "runner: prompt logprob rows"),
     Name("vllm.v1.request", "Request", "scheduler"),
-    # Grammars are told apart by their backend's module (scheduler/grammar.rolls_back_deeply).
-    Name("vllm.v1.structured_output.backend_xgrammar", "XgrammarGrammar", "scheduler/grammar.rolls_back_deeply"),
-    Name("vllm.v1.structured_output.backend_guidance", "GuidanceGrammar", "scheduler/grammar.rolls_back_deeply"),
     Name("vllm.v1.request", "RequestStatus", "scheduler"),
     Name("vllm.v1.sample.logits_processor.interface", "LogitsProcessor",
          "compat.logits_processor_base: validation subclasses it", versions=BEFORE_034),
@@ -376,7 +370,6 @@ CALLS: tuple[Call, ...] = (
     Call("vllm.v1.request", "Request.take_events", 0),
     Call("vllm.v1.request", "Request.get_finished_reason", 0),
     Call("vllm.v1.request", "Request.is_finished", 0, (), "scheduler/accounting.py"),
-    Call("vllm.v1.engine.llm_engine", "LLMEngine.from_engine_args", 1, ("stat_loggers",), "eval.py"),
 )
 
 # ---- attributes read or set ------------------------------------------------------------
@@ -504,8 +497,6 @@ MEMBERS: tuple[Members, ...] = (
             versions=FROM_034),
     Members("vllm.plugins.endpoint_plugins.interface", "EndpointPlugin", ("name", "required_tasks"), "frontend"),
     Members("vllm.engine.protocol", "EngineClient", ("model_config",), "frontend"),
-    Members("vllm.v1.engine.llm_engine", "LLMEngine",
-            ("get_tokenizer", "vllm_config", "add_request", "has_unfinished_requests", "step"), "eval.py"),
 )
 
 # ---- classes we construct -------------------------------------------------------------------
@@ -541,8 +532,6 @@ CONSTRUCTED: tuple[Constructed, ...] = (
     Constructed("vllm.v1.core.kv_cache_manager", "KVCacheBlocks", ("blocks",), "scheduler/prefix_cache.py"),
     Constructed(KV, "FullAttentionSpec", ("block_size", "num_kv_heads", "head_size", "dtype", "non_causal")),
     Constructed("vllm.v1.worker.worker_base", "CompilationTimes", ("language_model", "encoder")),
-    Constructed("vllm.engine.arg_utils", "EngineArgs", ("model", "disable_log_stats"), "eval.py"),
-    Constructed("vllm.sampling_params", "SamplingParams", ("max_tokens", "temperature", "extra_args"), "eval.py"),
 )
 
 # ---- strings vLLM reads -------------------------------------------------------------------------
@@ -550,9 +539,9 @@ CONSTRUCTED: tuple[Constructed, ...] = (
 LITERALS: tuple[Literal, ...] = (
     Literal("vllm.plugins", "vllm.general_plugins", "pyproject entry point dllm = vllm_dllm:register"),
     Literal("vllm.plugins", "vllm.stat_logger_plugins",
-            "pyproject entry point dllm = vllm_dllm.metrics:DiffusionStatLogger"),
+            "pyproject entry point dllm = vllm_dllm.serving.metrics:DiffusionStatLogger"),
     Literal("vllm.plugins", "vllm.endpoint_plugins",
-            "pyproject entry point dllm = vllm_dllm.frontend:DiffusionEndpoints"),
+            "pyproject entry point dllm = vllm_dllm.serving.frontend:DiffusionEndpoints"),
     Literal("vllm.v1.sample.logits_processor", "vllm.logits_processors",
             "server_config warns that installed logits-processor plugins are not applied", versions=BEFORE_034),
     Literal("vllm.v1.worker.gpu.sample.logits_processor.loader", "vllm.logits_processors",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from vllm.v1.worker.cpu_worker import CPUWorker
 
-from vllm_dllm.compat import has_v1_runners, init_cpu_worker_device
+from vllm_dllm.serving.compat import has_v1_runners, init_cpu_worker_device
 from vllm_dllm.worker.runner import DiffusionModelRunner
 
 

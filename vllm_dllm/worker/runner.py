@@ -23,12 +23,12 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsLists, LogprobsTensors, ModelRunnerOutput
 
 from vllm_dllm.attention.backends import TorchAttention, select_backend
-from vllm_dllm.compat import runner_output_order
+from vllm_dllm.serving.compat import runner_output_order
 from vllm_dllm.engine.engine import StepEngine
 from vllm_dllm.engine.graphs import capture_cuda_graph
 from vllm_dllm.engine.likelihood import elbo_task
 from vllm_dllm.options import DecodeOptions
-from vllm_dllm.server_config import BLOCK_CAUSAL_KINDS, prefill_chunk, server_defaults
+from vllm_dllm.serving.server_config import BLOCK_CAUSAL_KINDS, prefill_chunk, server_defaults
 from vllm_dllm.worker.kv_pool import bind_kv_pool
 from vllm_dllm.worker.special_ids import special_ids
 from vllm_dllm.worker.vocab_parallel import vocab_parallel_head

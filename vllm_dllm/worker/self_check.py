@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     from vllm_dllm.decoding.base import SpecialIds
     from vllm_dllm.engine.torch_model import ModelShape, build_model
     from vllm_dllm.options import LLADA
-    from vllm_dllm.server_defaults import ServerDefaults
+    from vllm_dllm.serving.server_defaults import ServerDefaults
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
