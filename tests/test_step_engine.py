@@ -17,7 +17,7 @@ from vllm_dllm.decoding.base import SpecialIds
 from vllm_dllm.engine.constraints import GrammarStep
 from vllm_dllm.engine.engine import StepEngine
 from vllm_dllm.engine.op_count import OpCounter
-from vllm_dllm.engine.phases import PhaseParams, batch_phases
+from vllm_dllm.engine.batch_phases import PhaseParams, batch_phases
 from vllm_dllm.engine.step_inputs import SequenceLayout, build_step_inputs
 from vllm_dllm.engine.torch_model import ModelShape, build_model
 from vllm_dllm.options import CACHE_POLICIES, DreamOptions, LLaDA2Options, LLaDAOptions

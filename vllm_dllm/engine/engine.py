@@ -31,7 +31,7 @@ from vllm_dllm.engine.graphs import ReuseGraphs
 from vllm_dllm.engine.likelihood import ElboScorer, ElboTask
 from vllm_dllm.engine.logprob_store import LogprobStore
 from vllm_dllm.engine.prompt_scoring import PromptLogprobs, PromptScorer, ScoringContext
-from vllm_dllm.engine.phases import POLICY_NONE, POLICY_SPARSE, PhaseParams, batch_phases
+from vllm_dllm.engine.batch_phases import POLICY_NONE, POLICY_SPARSE, PhaseParams, batch_phases
 from vllm_dllm.engine.step_inputs import SequenceLayout, FillLayout, build_step_inputs, to_device
 from vllm_dllm.kv_footprint import kept_positions, sequence_slots
 from vllm_dllm.options import CACHE_POLICIES, DecodeOptions, sequence_copies
