@@ -118,7 +118,7 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
-    from vllm_dllm.configs import register_hf_classes
+    from vllm_dllm.families import register_hf_classes
     from vllm_dllm.tools.make_tiny import make_tiny
 
     register_hf_classes()

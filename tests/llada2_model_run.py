@@ -36,16 +36,15 @@ def build_model(model_dir: str):
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.model_loader import get_model
 
-    from vllm_dllm import _MODELS
-    from vllm_dllm.configs import register_hf_classes
+    from vllm_dllm.families import BY_ARCHITECTURE, register_hf_classes
 
     register_hf_classes()
     if not torch.accelerator.is_available():
         # vLLM's CPU worker does the same before loading: the loader empties the
         # accelerator's cache, which a CPU-only torch refuses.
         torch.accelerator.empty_cache = lambda *args, **kwargs: None
-    for architecture, target in _MODELS.items():  # the models only: no config hook
-        ModelRegistry.register_model(architecture, target)
+    for architecture, family in BY_ARCHITECTURE.items():  # the models only: no config hook
+        ModelRegistry.register_model(architecture, family.model)
     vllm_config = EngineArgs(model=model_dir, dtype="float32", max_model_len=256, enforce_eager=True,
                              gpu_memory_utilization=0.3).create_engine_config()
     with set_current_vllm_config(vllm_config):

@@ -63,7 +63,7 @@ def client(server):
 def tokenizer(model_dir):
     from transformers import AutoTokenizer
 
-    from vllm_dllm.configs import register_hf_classes
+    from vllm_dllm.families import register_hf_classes
 
     register_hf_classes()
     return AutoTokenizer.from_pretrained(model_dir)

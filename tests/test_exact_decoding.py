@@ -168,7 +168,7 @@ def oracle_tokens(model, tokenizer_ids, arch: str, prompt: list[int], case: Case
 def _special(model_dir: str) -> dict:
     from transformers import AutoTokenizer
 
-    from vllm_dllm.configs import register_hf_classes
+    from vllm_dllm.families import register_hf_classes
 
     register_hf_classes()
     import json

@@ -44,7 +44,7 @@ def run_plugin_model(model_dir: str, tokens: list[int], steps: list[list[int]]) 
 def test_tiny_checkpoint_has_the_released_names_and_keys(model_dir):
     from transformers import AutoConfig, AutoTokenizer
 
-    from vllm_dllm.configs import register_hf_classes
+    from vllm_dllm.families import register_hf_classes
 
     names = set(load_file(os.path.join(model_dir, "model.safetensors")))
     config = json.loads(Path(model_dir, "config.json").read_text())

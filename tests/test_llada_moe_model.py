@@ -43,7 +43,8 @@ def run_plugin_model(model_dir: str, tokens: list[int], ranges: list[list[int]])
 def test_tiny_checkpoint_has_the_released_names_and_keys(model_dir):
     from transformers import AutoConfig, AutoTokenizer
 
-    from vllm_dllm.configs import LLaDAMoEConfig, register_hf_classes
+    from vllm_dllm.configs import LLaDAMoEConfig
+    from vllm_dllm.families import register_hf_classes
 
     names = set(load_file(os.path.join(model_dir, "model.safetensors")))
     config = json.loads(Path(model_dir, "config.json").read_text())
@@ -84,7 +85,8 @@ def test_tiny_checkpoint_has_the_released_names_and_keys(model_dir):
 def test_llada_8b_configs_still_resolve_to_llada_config(tiny_dirs):
     from transformers import AutoConfig
 
-    from vllm_dllm.configs import LLaDAConfig, register_hf_classes
+    from vllm_dllm.configs import LLaDAConfig
+    from vllm_dllm.families import register_hf_classes
 
     register_hf_classes()
     loaded = AutoConfig.from_pretrained(tiny_dirs("llada"))

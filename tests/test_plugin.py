@@ -23,6 +23,7 @@ def engine_config(model_dir, **kwargs):
 
 
 def test_register_is_idempotent_and_adds_only_our_architectures():
+    from vllm_dllm.families import BY_ARCHITECTURE
     from vllm import ModelRegistry
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
@@ -30,7 +31,7 @@ def test_register_is_idempotent_and_adds_only_our_architectures():
     vllm_dllm.register()
     vllm_dllm.register()
     added = set(MODELS_CONFIG_MAP) - set(before)
-    ours = set(vllm_dllm._MODELS)
+    ours = set(BY_ARCHITECTURE)
     assert {"LLaDAModelLM", "DreamModel", "LLaDA2MoeModelLM", "LLaDAMoEModelLM"} <= ours
     assert added <= ours
     assert ours <= set(ModelRegistry.get_supported_archs())
@@ -314,3 +315,32 @@ def test_shipped_model_paths_are_model_names_vllm_takes(module):
     path = importlib.import_module(module).PATH
     assert isinstance(path, str) and os.path.isfile(os.path.join(path, "config.json"))
     EngineArgs(model=path, skip_tokenizer_init=True).create_model_config()
+
+
+def test_every_family_record_names_classes_that_exist_and_a_known_kind():
+    # The record is all the registries read: a wrong path or kind would only show
+    # when a user loads that family, so each is resolved here.
+    from vllm_dllm.decoding.rules import RULES
+    from vllm_dllm.families import BY_ARCHITECTURE, FAMILIES, load_class
+    from vllm_dllm.options import KINDS
+
+    assert sum(len(f.architectures) for f in FAMILIES) == len(BY_ARCHITECTURE)  # no architecture twice
+    for family in FAMILIES:
+        assert family.kind in KINDS and family.kind in RULES, family.name
+        assert load_class(family.model).__name__ == family.model.rpartition(":")[2]
+        assert load_class(family.config).model_type
+        if family.tokenizer:
+            load_class(family.tokenizer)
+
+
+def test_a_config_is_served_by_its_first_known_architecture():
+    from types import SimpleNamespace
+
+    from vllm_dllm.families import family_of
+
+    assert family_of(SimpleNamespace(architectures=["LlamaForCausalLM"])) is None
+    assert family_of(SimpleNamespace(architectures=None)) is None
+    moe = family_of(SimpleNamespace(architectures=["Unknown", "LLaDAMoeModelLM"]))
+    assert (moe.name, moe.kind, moe.moe) == ("LLaDA-MoE", "llada", True)
+    assert family_of(SimpleNamespace(architectures=["DreamModel"])).kind == "dream"
+    assert family_of(SimpleNamespace(architectures=["LLaDA2MoeModelLM"])).moe

@@ -89,7 +89,7 @@ def grammar_kit(tiny_dirs):
     from transformers import AutoTokenizer
     from vllm.v1.structured_output.backend_xgrammar import XgrammarGrammar
 
-    from vllm_dllm.configs import register_hf_classes
+    from vllm_dllm.families import register_hf_classes
 
     register_hf_classes()
     model_dir = tiny_dirs("llada")

@@ -15,7 +15,8 @@ import textwrap
 
 import pytest
 
-from vllm_dllm.configs import DreamConfig, DreamTokenizer, LLaDAConfig, register_hf_classes
+from vllm_dllm.configs import DreamConfig, DreamTokenizer, LLaDAConfig
+from vllm_dllm.families import register_hf_classes
 from vllm_dllm.tools import make_tiny as mt
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -376,7 +377,7 @@ _REGISTERED_REMOTE_SCRIPT = textwrap.dedent(
     r"""
     import json, sys
     from transformers import AutoConfig, AutoTokenizer
-    from vllm_dllm.configs import register_hf_classes
+    from vllm_dllm.families import register_hf_classes
     register_hf_classes()
     out = {}
     for d in sys.argv[1:]:

@@ -1,6 +1,6 @@
 """HF config / tokenizer classes for LLaDA, LLaDA-MoE, LLaDA2.x and Dream checkpoints.
 
-``register_hf_classes()`` makes ``AutoConfig.from_pretrained`` resolve
+Registering them (``vllm_dllm.families.register_hf_classes()``) makes ``AutoConfig.from_pretrained`` resolve
 ``model_type: "llada"`` / ``"llada2_moe"`` / ``"Dream"`` and ``AutoTokenizer.from_pretrained``
 resolve ``tokenizer_class: "DreamTokenizer"`` without ``trust_remote_code``.
 "llada" names two formats: LLaDA-8B's (OLMo keys) and LLaDA-MoE's (OLMoE keys); the
@@ -29,7 +29,6 @@ here, so every route gives the same attributes.
 
 from __future__ import annotations
 
-import inspect
 
 from .dream import DreamConfig
 from .dream_tokenizer import DreamTokenizer
@@ -38,7 +37,7 @@ from .llada2 import LLaDA2MoeConfig
 from .llada_moe import LLaDAMoEConfig, is_llada_moe_format
 
 __all__ = [
-    "DreamConfig", "DreamTokenizer", "LLaDA2MoeConfig", "LLaDAConfig", "LLaDAMoEConfig", "register_hf_classes",
+    "DreamConfig", "DreamTokenizer", "LLaDA2MoeConfig", "LLaDAConfig", "LLaDAFamilyConfig", "LLaDAMoEConfig",
 ]
 
 
@@ -53,26 +52,3 @@ class LLaDAFamilyConfig(LLaDAConfig):
         if is_llada_moe_format(config_dict):
             return LLaDAMoEConfig.from_dict(config_dict, **kwargs)
         return LLaDAConfig.from_dict(config_dict, **kwargs)
-
-
-_registered = False
-
-
-def register_hf_classes() -> None:
-    """Register the "llada" configs (LLaDAFamilyConfig), LLaDA2MoeConfig, DreamConfig and
-    DreamTokenizer with the transformers Auto classes. Idempotent and cheap."""
-    global _registered
-    if _registered:
-        return
-    from transformers import AutoConfig, AutoTokenizer
-
-    AutoConfig.register(LLaDAFamilyConfig.model_type, LLaDAFamilyConfig, exist_ok=True)
-    AutoConfig.register(DreamConfig.model_type, DreamConfig, exist_ok=True)
-    AutoConfig.register(LLaDA2MoeConfig.model_type, LLaDA2MoeConfig, exist_ok=True)
-
-    params = inspect.signature(AutoTokenizer.register).parameters
-    if "tokenizer_class" in params:  # transformers >= 5
-        AutoTokenizer.register(DreamConfig, tokenizer_class=DreamTokenizer, exist_ok=True)
-    else:  # transformers 4.x: DreamTokenizer is a slow tokenizer there
-        AutoTokenizer.register(DreamConfig, slow_tokenizer_class=DreamTokenizer, exist_ok=True)
-    _registered = True

@@ -11,13 +11,13 @@ server-wide settings these resolve against (ServerDefaults) are built from this
 package one level up; it does not import them back.
 
 The package, one job a module:
-  common.py    what every family shares: OptionError, type and range checks, the
-               KV-cache and parallel-decoding options, blocks, the Family record;
+  common.py    what every kind shares: OptionError, type and range checks, the
+               KV-cache and parallel-decoding options, blocks, the DecodingKind record;
   llada.py     LLaDA's options, keys, paper defaults and resolver;
   dream.py     Dream's options, keys, paper defaults, filters and resolver;
   llada2.py    LLaDA2.x's options (block diffusion, token editing, modes, the parallel
                decoding keys with its own `threshold`) and resolver;
-  registry.py  the families by kind, and what dispatches on the kind.
+  registry.py  the decoding kinds (KINDS), and what dispatches on the kind.
 This module is the public surface: import from `vllm_dllm.options`.
 """
 
@@ -38,7 +38,7 @@ from vllm_dllm.options.common import (
     SPARSE_KEYS,
     SPARSE_SCORINGS,
     SPARSE_SELECTIONS,
-    Family,
+    DecodingKind,
     CanvasPlacement,
     KVCacheOptions,
     OptionError,
@@ -69,8 +69,7 @@ from vllm_dllm.options.llada import LLADA, LLADA_REMASKING, LLaDAOptions, llada_
 from vllm_dllm.options.llada2 import LLADA2, LLADA2_MODES, LLaDA2Options, resolve_llada2
 from vllm_dllm.options.registry import (
     _REQUEST_KEYS,
-    ARCHITECTURE_KINDS,
-    FAMILIES,
+    KINDS,
     KIND_NAMES,
     PAPER_DEFAULTS,
     RELEASE_SPECIAL_IDS,
@@ -83,7 +82,6 @@ from vllm_dllm.options.registry import (
 )
 
 __all__ = [
-    "ARCHITECTURE_KINDS",
     "CACHE_DEFAULTS",
     "CACHE_POLICIES",
     "DECODING_PARAMETERS",
@@ -91,7 +89,7 @@ __all__ = [
     "DREAM",
     "DREAM_ALGS",
     "DREAM_FILTER_KEYS",
-    "FAMILIES",
+    "KINDS",
     "FILTER_KEYS",
     "KIND_NAMES",
     "LLADA",
@@ -115,7 +113,7 @@ __all__ = [
     "SPARSE_SELECTIONS",
     "DecodeOptions",
     "DreamOptions",
-    "Family",
+    "DecodingKind",
     "KVCacheOptions",
     "LLaDAOptions",
     "OptionError",

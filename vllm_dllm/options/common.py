@@ -171,8 +171,8 @@ def _range_problem(key: str, value: Any, prefix: str = "", family: RangeProblem 
     """Why a well-typed option value is out of range, as one sentence, or None.
 
     Checks the keys every family shares, then hands the rest, and the shared keys in
-    `own` (Family.own_ranges), to `family` (the family's own range check,
-    Family.range_problem).  `prefix` names where the option was set ("" for a request)."""
+    `own` (DecodingKind.own_ranges), to `family` (the family's own range check,
+    DecodingKind.range_problem).  `prefix` names where the option was set ("" for a request)."""
     option = f"{prefix}diffusion option '{key}'"
     if isinstance(value, float) and not math.isfinite(value):
         return f"{option} must be a finite number, got {value}"
@@ -366,8 +366,8 @@ def _no_sampling_field_problem(key: str, value: Any) -> str | None:
 
 
 @dataclass(frozen=True)
-class Family:
-    """One model family's diffusion options: one entry of the registry.
+class DecodingKind:
+    """One decoding kind's diffusion options: one entry of the registry (KINDS).
 
     `request_keys` are the diffusion options a request (or the server, or the
     model's generation_config.json) may set, with their accepted types;
@@ -380,7 +380,6 @@ class Family:
 
     kind: str  # the model kind, as ServerDefaults.kind names it
     name: str  # for messages
-    architectures: tuple[str, ...]  # the HF config architectures served as this kind
     request_keys: dict[str, tuple[type, ...]]
     paper_defaults: dict[str, Any]
     resolve: Callable[[ResolveInput], Any]

@@ -15,7 +15,7 @@ from vllm_dllm.options.common import (
     CACHE_DEFAULTS,
     FILTER_KEYS,
     PARALLEL_DEFAULTS,
-    Family,
+    DecodingKind,
     KVCacheOptions,
     OptionError,
     ParallelDecodingOptions,
@@ -162,10 +162,9 @@ def resolve_dream(r: ResolveInput) -> DreamOptions:
     )
 
 
-FAMILY = Family(
+KIND = DecodingKind(
     kind=DREAM,
     name="Dream",
-    architectures=("DreamModel",),
     request_keys=DREAM_KEYS,
     paper_defaults=DREAM_DEFAULTS,
     resolve=resolve_dream,

@@ -14,7 +14,7 @@ from vllm_dllm.options.common import (
     CACHE_DEFAULTS,
     FILTER_KEYS,
     PARALLEL_DEFAULTS,
-    Family,
+    DecodingKind,
     KVCacheOptions,
     OptionError,
     ParallelDecodingOptions,
@@ -135,11 +135,9 @@ def resolve_llada(r: ResolveInput) -> LLaDAOptions:
     )
 
 
-FAMILY = Family(
+KIND = DecodingKind(
     kind=LLADA,
     name="LLaDA",
-    # LLaDA-MoE-7B-A1B is LLaDA with another body: the same options and rules.
-    architectures=("LLaDAModelLM", "LLaDAMoEModelLM", "LLaDAMoeModelLM", "LLaDAMoEModel"),
     request_keys=LLADA_KEYS,
     paper_defaults=LLADA_DEFAULTS,
     resolve=resolve_llada,

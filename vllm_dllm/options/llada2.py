@@ -30,7 +30,7 @@ from vllm_dllm.options.common import (
     DECODING_PARAMETERS,
     PARALLEL_DEFAULTS,
     CanvasPlacement,
-    Family,
+    DecodingKind,
     KVCacheOptions,
     OptionError,
     ParallelDecodingOptions,
@@ -203,10 +203,9 @@ def resolve_llada2(r: ResolveInput) -> LLaDA2Options:
     )
 
 
-FAMILY = Family(
+KIND = DecodingKind(
     kind=LLADA2,
     name="LLaDA2",
-    architectures=("LLaDA2MoeModelLM",),
     request_keys=LLADA2_KEYS,
     paper_defaults=LLADA2_DEFAULTS,
     resolve=resolve_llada2,

@@ -1,14 +1,16 @@
-"""The model families and what dispatches on them: checking overrides for a kind,
+"""The decoding kinds and what dispatches on them: checking overrides for a kind,
 reading a model's generation_config.json, and resolving a request.
 
-Precedence, lowest first: the papers' defaults (Family.paper_defaults), the model's
+Precedence, lowest first: the papers' defaults (DecodingKind.paper_defaults), the model's
 generation_config.json (defaults_from_generation_config), the server's
 `--additional-config '{"dllm": {...}}'` (both merged into ServerDefaults.overrides),
 the request's extra_args (resolve).
 
-A new family is its module (the options dataclass, its keys, defaults and resolver,
-and a FAMILY record: see llada.py) and one entry in FAMILIES below, plus its options
-class in the DecodeOptions union.
+A decoding kind is the way a group of model families decodes (LLaDA-8B and LLaDA-MoE
+share one); which families decode as which kind is vllm_dllm/families.py.  A new kind
+is its module (the options dataclass, its keys, defaults and resolver, and a KIND
+record: see llada.py) and one entry in KINDS below, plus its options class in the
+DecodeOptions union.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 from vllm_dllm.options import dream, llada, llada2
 from vllm_dllm.options.common import (
     _SAMPLING_PARAM_FIELDS,
-    Family,
+    DecodingKind,
     OptionError,
     ResolveInput,
     ServerSettings,
@@ -31,8 +33,8 @@ from vllm_dllm.options.likelihood import decoding_args
 from vllm_dllm.options.llada import LLaDAOptions
 from vllm_dllm.options.llada2 import LLaDA2Options
 
-# kind -> family; the order is the order of the messages that name families.
-FAMILIES: dict[str, Family] = {family.kind: family for family in (llada.FAMILY, dream.FAMILY, llada2.FAMILY)}
+# kind -> its options record; the order is the order of the messages that name kinds.
+KINDS: dict[str, DecodingKind] = {record.kind: record for record in (llada.KIND, dream.KIND, llada2.KIND)}
 
 DecodeOptions = LLaDAOptions | DreamOptions | LLaDA2Options
 
@@ -40,11 +42,10 @@ DecodeOptions = LLaDAOptions | DreamOptions | LLaDA2Options
 RELEASE_SPECIAL_IDS: dict[str, dict[str, int]] = {llada2.LLADA2: llada2.RELEASE_IDS}
 
 # Views of the registry, by the names the rest of the code reads.
-ARCHITECTURE_KINDS = {arch: family.kind for family in FAMILIES.values() for arch in family.architectures}
-KIND_NAMES = {kind: family.name for kind, family in FAMILIES.items()}
-PAPER_DEFAULTS: dict[str, dict[str, Any]] = {kind: family.paper_defaults for kind, family in FAMILIES.items()}
+KIND_NAMES = {kind: family.name for kind, family in KINDS.items()}
+PAPER_DEFAULTS: dict[str, dict[str, Any]] = {kind: family.paper_defaults for kind, family in KINDS.items()}
 _REQUEST_KEYS: dict[str, dict[str, tuple[type, ...]]] = {
-    kind: family.request_keys for kind, family in FAMILIES.items()
+    kind: family.request_keys for kind, family in KINDS.items()
 }
 
 
@@ -63,7 +64,7 @@ def check_overrides(kind: str, values: dict[str, Any], prefix: str = "") -> dict
     request's extra_args / vllm_xargs, SERVER for --additional-config."""
     if not isinstance(values, dict):
         raise OptionError(f"{prefix}the diffusion options must be a JSON object, got {type(values).__name__}")
-    family = FAMILIES[kind]
+    family = KINDS[kind]
     allowed = family.request_keys
     for key, value in values.items():
         if key in _SAMPLING_PARAM_FIELDS and key not in allowed:
@@ -89,7 +90,7 @@ def defaults_from_generation_config(kind: str, gen_config: dict[str, Any]) -> di
     Values we cannot use are skipped rather than refused: a checkpoint's file should
     not make the model unservable; the server and the request can still set them.
     """
-    family = FAMILIES[kind]
+    family = KINDS[kind]
     keys = family.request_keys
     out = {}
     for key in keys:
@@ -115,7 +116,7 @@ def resolve(
     extra_args: dict[str, Any] | None,
 ) -> DecodeOptions:
     """Resolve and validate one request's decoding options: the checks every family
-    shares here, then the family's resolver (Family.resolve)."""
+    shares here, then the family's resolver (DecodingKind.resolve)."""
     kind = defaults.kind
     if max_tokens is None:
         raise OptionError("'max_tokens' (the generation length) must be set")
@@ -125,9 +126,9 @@ def resolve(
     if not 0 < top_p <= 1:
         raise OptionError(f"'top_p' must lie in (0, 1], got {top_p}")
     request = check_overrides(kind, decoding_args(extra_args))
-    merged = {**defaults.overrides, **FAMILIES[kind].expand(request)}
+    merged = {**defaults.overrides, **KINDS[kind].expand(request)}
     steps = _positive_int("steps", merged.get("steps", gen_length))
-    return FAMILIES[kind].resolve(
+    return KINDS[kind].resolve(
         ResolveInput(
             gen_length=gen_length,
             steps=steps,

@@ -23,11 +23,10 @@ from vllm_dllm.serving.compat import (
     reserve_no_cpu_on_small_machine,
     set_default_block_size,
 )
-from vllm_dllm.configs.llada_moe import LLADA_MOE_ARCHITECTURES
+from vllm_dllm.families import family_of
 from vllm_dllm.models import cpu_rms_norm
 from vllm_dllm.serving.openmp_spin import SMALL_MACHINE_SPIN, SPIN_ENV, shorten_spin_on_small_machine
 from vllm_dllm.options import (
-    ARCHITECTURE_KINDS,
     DREAM_FILTER_KEYS,
     LLADA,
     LLADA2,
@@ -76,10 +75,9 @@ def server_defaults(vllm_config) -> ServerDefaults:
 
 
 def served_kind(model_config) -> str | None:
-    for arch in getattr(model_config.hf_config, "architectures", None) or []:
-        if arch in ARCHITECTURE_KINDS:
-            return ARCHITECTURE_KINDS[arch]
-    return None
+    """The decoding kind of the model's family (families.py); None: not ours."""
+    family = family_of(model_config.hf_config)
+    return family.kind if family else None
 
 
 def _generation_config(model_config) -> dict[str, Any]:
@@ -170,8 +168,7 @@ class DiffusionConfigHook:
                 "vllm-dllm does not support pipeline parallelism: a denoising step needs "
                 "the whole model; use tensor parallelism"
             )
-        moe = kind == LLADA2 or any(a in LLADA_MOE_ARCHITECTURES for a in model_config.hf_config.architectures or [])
-        if parallel.data_parallel_size > 1 and moe:
+        if parallel.data_parallel_size > 1 and family_of(model_config.hf_config).moe:
             # vLLM's MoE layers coordinate every forward across data-parallel ranks;
             # our runner has no dummy step for an idle rank to join with.
             raise ValueError(

@@ -13,7 +13,7 @@ from typing import Any
 from vllm_dllm.options import (
     DREAM,
     DREAM_FILTER_KEYS,
-    FAMILIES,
+    KINDS,
     PAPER_DEFAULTS,
     SERVER,
     OptionError,
@@ -75,7 +75,7 @@ class ServerDefaults:
                     f"{SERVER}'{key}' is a standard sampling parameter: set its server-wide default "
                     f"with vLLM's --override-generation-config '{{\"{key}\": ...}}'"
                 )
-        expand = FAMILIES[kind].expand
+        expand = KINDS[kind].expand
         merged = dict(PAPER_DEFAULTS[kind])
         merged.update(expand(defaults_from_generation_config(kind, generation_config)))
         server = check_overrides(kind, server, SERVER)
