@@ -49,7 +49,7 @@ serve-tiny: setup $(TINY_MODEL)/config.json
 	VLLM_PLUGINS=dllm $(BIN)/vllm serve $(TINY_MODEL) --host $(HOST) --port $(PORT) \
 		--max-model-len 512 --kv-cache-memory-bytes 268435456 --gpu-memory-utilization 0.3
 
-# The scheduling benchmark (minutes to an hour on a 2-core CPU); see benchmarks/.
+# The scheduling benchmark (minutes to an hour on a 2-core CPU); see benchmarks/README.md.
 bench: setup
 	scripts/install.sh auto --venv $(VENV) --extras test,bench
 	$(BIN)/python benchmarks/serve_sweep.py $(BENCH_ARGS)

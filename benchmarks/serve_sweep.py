@@ -1,6 +1,6 @@
 """Serving benchmark: four scheduling configurations, driven by `vllm bench serve`.
 
-    python benchmarks/serve_sweep.py --out benchmarks/results/latest \
+    python benchmarks/serve_sweep.py --out benchmarks/results/scheduling \
         --workloads burst,osc,livebench --rates 1,2,4 --num-prompts 32
 
 For each configuration the harness starts `vllm serve` on a loopback port, runs
@@ -349,7 +349,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=None, help="checkpoint (default: a generated model of --arch)")
     ap.add_argument("--arch", default="llada", choices=["llada", "llada2"],
                     help="format of the generated model (configs l20, l20l, l21q, l21s need llada2)")
-    ap.add_argument("--out", type=pathlib.Path, default=ROOT / "benchmarks" / "results" / "latest")
+    ap.add_argument("--out", type=pathlib.Path, default=ROOT / "benchmarks" / "results" / "scheduling")
     ap.add_argument("--configs", default="a,b,c,d")
     ap.add_argument("--workloads", default="burst,osc,livebench")
     ap.add_argument("--rates", default="1,2,4")
