@@ -1,7 +1,10 @@
 """Shared fixtures: tiny checkpoints generated once per session, engines per module.
 
-An engine start costs tens of seconds on a 2-core CPU, so each test module builds
-at most one and its tests share it.
+Offline engines run their engine core inside the test process: the scheduler, the
+worker and the runner are the plugin's either way, and a start costs ~3 s there
+instead of ~20 s for a process that imports torch and vLLM again.  vLLM's
+multiprocess path is what every `vllm serve` test runs (server_utils.py drops the
+setting) and what the tensor-parallel tests run (one process per rank).
 """
 
 from __future__ import annotations
@@ -9,11 +12,13 @@ from __future__ import annotations
 import gc
 import os
 import random
+import sys
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from vllm_dllm.tools.make_tiny import make_tiny  # noqa: E402
 
@@ -53,6 +58,17 @@ def close_engine(llm) -> None:
     llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_vllm_environment():
+    """An engine core started in this process freezes vLLM's view of the environment
+    (vllm.envs caches it once the core is up); each test reads it afresh."""
+    yield
+    envs = sys.modules.get("vllm.envs")
+    disable = getattr(envs, "disable_envs_cache", None)
+    if disable is not None:
+        disable()
 
 
 def random_prompt(rng: random.Random, length: int, vocab_low: int = 3, vocab_high: int = 250) -> list[int]:

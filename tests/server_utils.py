@@ -67,7 +67,8 @@ class ServerProcess:
             *extra_args,
         ]
         self.env = {
-            **os.environ,
+            # A server runs as users run it: the engine core in its own process.
+            **{k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"},
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",
