@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml scripts/install.sh
 
 test: setup
 	# The vLLM surface check (vllm_dllm/serving/vllm_surface.py) against the installed vLLM;
-	# tests/test_vllm_surface.py runs it too.
+	# tests/unit/test_vllm_surface.py runs it too.
 	$(BIN)/python -m vllm_dllm.tools.vllm_surface_check
 	$(BIN)/python -m pytest -q tests
 

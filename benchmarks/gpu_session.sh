@@ -39,9 +39,9 @@ check)
     for dtype in bfloat16 float32; do
         "$py" -m vllm_dllm.worker.self_check --dtype $dtype 2>&1 | tee -a "$out/self-check.log"
     done
-    "$py" -m pytest -q -p no:cacheprovider tests/test_step_bench.py tests/test_triton_attention.py \
-        tests/test_vocab_parallel.py \
-        tests/test_philox.py 2>&1 | tee "$out/triton-tests.log"
+    "$py" -m pytest -q -p no:cacheprovider tests/benchmarks/test_step_bench.py tests/unit/test_triton_attention.py \
+        tests/unit/test_vocab_parallel.py \
+        tests/unit/test_philox.py 2>&1 | tee "$out/triton-tests.log"
     fi
     ;;
 bench)

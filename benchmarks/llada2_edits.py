@@ -9,7 +9,7 @@ that canvas position (the training canvas: the answer, then EOS to the end of it
 block): *fixed* (wrong before, right after), *broke* (right before, wrong after) or
 *wrong to wrong*.  The served engine reports only how many tokens a step edited, so
 the edits are traced by the reference decoding loop of tests/oracle_llada2.py, which
-the plugin matches token for token (tests/test_llada2_decoding.py), on held-out
+the plugin matches token for token (tests/engine/test_llada2_decoding.py), on held-out
 instances of every task at the length lab.eval asks for (at least one block),
 greedy, for LLaDA2.1's quality and speed modes and a sweep of the editing threshold
 over threshold 0.7.  Also reported: exact match, edits per

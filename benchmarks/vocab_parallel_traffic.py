@@ -3,7 +3,7 @@ reduce (decoding/vocab.py) against gathering whole logits rows (vLLM's LogitsPro
 
     python benchmarks/vocab_parallel_traffic.py --out benchmarks/results/vocab-parallel
 
-Each decoding case of tests/test_vocab_parallel.py runs its rule's reduce over a
+Each decoding case of tests/unit/test_vocab_parallel.py runs its rule's reduce over a
 chunk of --rows rows of a LLaDA-8B-sized vocabulary (126,464), split over --world
 ranks simulated as threads (tests/vocab_shards.py), and counts the numbers each rank
 sends.  A gathered head sends its shard of every row: vocabulary / world numbers per
@@ -23,7 +23,7 @@ import torch
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the test suite's rule cases and simulated ranks
 
-from tests import test_vocab_parallel as cases  # noqa: E402
+from tests.unit import test_vocab_parallel as cases  # noqa: E402
 from tests.vocab_shards import Exchange  # noqa: E402
 LLADA_8B_VOCAB = 126_464
 

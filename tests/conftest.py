@@ -4,7 +4,10 @@ Offline engines run their engine core inside the test process: the scheduler, th
 worker and the runner are the plugin's either way, and a start costs ~3 s there
 instead of ~20 s for a process that imports torch and vLLM again.  vLLM's
 multiprocess path is what every `vllm serve` test runs (server_utils.py drops the
-setting) and what the tensor-parallel tests run (one process per rank).
+setting) and what the tensor-parallel tests run (one process per rank).  vLLM's
+parallel groups are process-wide and an in-process core tears them down when it
+shuts down, so an engine made while another in-process one is alive gets a process
+of its own.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+os.environ.setdefault(MULTIPROCESSING_ENV, "0")
 
 from vllm_dllm.tools.make_tiny import make_tiny  # noqa: E402
 
@@ -48,13 +52,38 @@ def tiny_dirs(tmp_path_factory):
     return get
 
 
+_in_process_engines: set[int] = set()  # id() of the live LLMs whose core runs here
+
+
+def _fresh_envs() -> None:
+    envs = sys.modules.get("vllm.envs")
+    disable = getattr(envs, "disable_envs_cache", None)
+    if disable is not None:
+        disable()
+
+
 def make_engine(model_dir: str, **overrides):
     from vllm import LLM
 
-    return LLM(model=model_dir, **{**ENGINE_DEFAULTS, **overrides})
+    saved = os.environ.get(MULTIPROCESSING_ENV)
+    if _in_process_engines:
+        os.environ[MULTIPROCESSING_ENV] = "1"
+        _fresh_envs()
+    try:
+        llm = LLM(model=model_dir, **{**ENGINE_DEFAULTS, **overrides})
+    finally:
+        if saved is None:
+            os.environ.pop(MULTIPROCESSING_ENV, None)
+        else:
+            os.environ[MULTIPROCESSING_ENV] = saved
+        _fresh_envs()
+    if type(llm.llm_engine.engine_core).__name__ == "InprocClient":
+        _in_process_engines.add(id(llm))
+    return llm
 
 
 def close_engine(llm) -> None:
+    _in_process_engines.discard(id(llm))
     llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()
@@ -65,10 +94,7 @@ def _fresh_vllm_environment():
     """An engine core started in this process freezes vLLM's view of the environment
     (vllm.envs caches it once the core is up); each test reads it afresh."""
     yield
-    envs = sys.modules.get("vllm.envs")
-    disable = getattr(envs, "disable_envs_cache", None)
-    if disable is not None:
-        disable()
+    _fresh_envs()
 
 
 def random_prompt(rng: random.Random, length: int, vocab_low: int = 3, vocab_high: int = 250) -> list[int]:

@@ -1,7 +1,7 @@
 """Run the plugin's LLaDA2 model (vLLM's layers and fused MoE, our paged attention) on
 block-causal query segments and print its logits as JSON.
 
-A script, run in a child process by tests/test_llada2_model.py: building a vLLM model
+A script, run in a child process by tests/engine/test_llada2_model.py: building a vLLM model
 outside an engine initialises vLLM's process-wide distributed state, which must not
 leak into the test process that later starts engines.
 

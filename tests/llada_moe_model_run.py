@@ -2,7 +2,7 @@
 routing, our paged attention) on bidirectional query ranges and print its logits as
 JSON.
 
-A script, run in a child process by tests/test_llada_moe_model.py, for the reason
+A script, run in a child process by tests/engine/test_llada_moe_model.py, for the reason
 tests/llada2_model_run.py gives (it builds the model the same way).
 
     python tests/llada_moe_model_run.py MODEL_DIR TOKENS_JSON RANGES_JSON

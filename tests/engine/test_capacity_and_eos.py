@@ -12,7 +12,7 @@ from vllm import SamplingParams
 
 from tests import oracle, oracle_model, oracle_rules
 from tests.conftest import close_engine, make_engine, random_prompt
-from tests.test_exact_decoding import _special
+from tests.engine.test_exact_decoding import _special
 from vllm_dllm.tools.make_tiny import make_tiny
 
 

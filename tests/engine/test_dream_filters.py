@@ -6,7 +6,7 @@ confidences over the top-k/top-p set at temperature 0 as well, which changes whi
 positions `maskgit_plus` and `entropy` commit.  The routes that reach the rule: the
 checkpoint's generation_config.json (vLLM's server default; also
 `--override-generation-config`) and `extra_args` / `vllm_xargs`.  The request fields
-themselves are answered with a 400 by the front end (tests/test_frontend.py).
+themselves are answered with a 400 by the front end (tests/server/test_frontend.py).
 
 One engine on a tiny real-format Dream checkpoint (real vocabulary) whose
 generation_config.json says top_k=50; every case is checked token for token against
@@ -25,7 +25,7 @@ from vllm import SamplingParams
 from tests import oracle, oracle_dream, oracle_model, oracle_rules
 from tests.conftest import close_engine, make_engine, random_prompt
 from tests.tie_free import compare_each_case
-from tests.test_exact_decoding import _special
+from tests.engine.test_exact_decoding import _special
 
 GEN_CONFIG_TOP_K = 50
 

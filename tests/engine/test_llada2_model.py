@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from tests.oracle_llada2 import block_causal_mask, load_llada2_oracle
 
 BLOCK = 8
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import random_prompt
 from tests.oracle_llada2 import llada2_generate, load_llada2_oracle
-from tests.test_llada2_decoding import Case
+from tests.engine.test_llada2_decoding import Case
 from tests.tie_free import compare_each_case, compare_until
 from lab import eval as task_eval
 
@@ -220,7 +220,7 @@ def test_prefill_chunk_steps_cost_the_same_ops_for_any_number_of_requests():
     import numpy as np
     import torch
 
-    from tests.test_step_engine import BLOCK_SIZE, IDS, SHAPE, add_requests, llada2
+    from tests.unit.test_step_engine import BLOCK_SIZE, IDS, SHAPE, add_requests, llada2
     from vllm_dllm.attention.backends import TorchAttention
     from vllm_dllm.engine.engine import StepEngine
     from vllm_dllm.engine.op_count import OpCounter
@@ -254,7 +254,7 @@ def test_prefill_chunk_steps_cost_the_same_ops_for_any_number_of_requests():
 
 
 def test_cached_prefixes_must_be_whole_prompt_blocks():
-    from tests.test_step_engine import llada2, make_engine
+    from tests.unit.test_step_engine import llada2, make_engine
 
     engine = make_engine(kind="llada2")
     engine.add("ok", [5] * 20, llada2(), seed=0, block_ids=[1, 2, 3], prefilled=16)

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from tests.oracle_llada_moe import LladaMoeOracle, load_llada_moe_oracle
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -452,7 +452,7 @@ def check_block_causal_chain_rule(served, block_length: int) -> None:
 
 
 def test_logprob_steps_cost_the_same_ops_for_any_number_of_requests():
-    from tests.test_step_engine import llada, llada2, make_engine as make_step_engine
+    from tests.unit.test_step_engine import llada, llada2, make_engine as make_step_engine
     from vllm_dllm.engine.op_count import OpCounter
 
     for options, kind in ((llada(cache="dual"), "llada"), (llada2(), "llada2")):

@@ -292,7 +292,7 @@ def test_the_cuda_extra_asks_for_the_two_newest_supported_releases():
 
     from packaging.requirements import Requirement
 
-    extras = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())[
+    extras = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())[
         "project"]["optional-dependencies"]
     (cuda,) = [Requirement(r) for r in extras["cuda"]]
     (low_major, low_minor), (high_major, high_minor) = compat.SUPPORTED

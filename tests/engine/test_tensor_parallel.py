@@ -16,7 +16,7 @@ order than one device's GEMMs, so near-ties could flip; exact ties are drawn aga
 The LM head is vocabulary-parallel (decoding/vocab.py): each rank reduces its own
 vocabulary columns, so the logprobs, prompt logprobs, ELBO and grammar masks run
 through the shards too, and are checked here against the same oracles and
-tolerances as on one rank (tests/test_logprobs.py, tests/test_structured_outputs.py).
+tolerances as on one rank (tests/engine/test_logprobs.py, tests/engine/test_structured_outputs.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import pytest
 
 from tests import oracle_model
 from tests.conftest import close_engine, make_engine, random_prompt
-from tests.test_structured_outputs import ENGINE_STRUCTURED, grammar_kit  # noqa: F401 (a fixture)
+from tests.engine.test_structured_outputs import ENGINE_STRUCTURED, grammar_kit  # noqa: F401 (a fixture)
 from tests.tie_free import compare_each_case
 
 TP = 2
@@ -54,7 +54,7 @@ def served(request, tiny_dirs):
 
 
 def _llada_cases():
-    from tests.test_exact_decoding import LLADA_CASES
+    from tests.engine.test_exact_decoding import LLADA_CASES
 
     names = {"semi-AR blocks", "seeded gumbel", "classifier-free guidance", "threshold, dual cache",
              "entropy bound over a two-per-step floor, prefix cache", "sparse, per head, retention 0.5"}
@@ -62,7 +62,7 @@ def _llada_cases():
 
 
 def _dream_cases():
-    from tests.test_exact_decoding import DREAM_CASES
+    from tests.engine.test_exact_decoding import DREAM_CASES
 
     names = {"maskgit_plus", "entropy sampled with top_p", "maskgit_plus sampled with top_k", "dual cache",
              "prefix cache, refresh every 3, threshold"}
@@ -73,7 +73,7 @@ def test_two_ranks_decode_as_the_oracle(served):
     arch, model_dir, llm = served
     if arch == "llada2":
         return _compare_llada2(model_dir, llm)
-    from tests.test_exact_decoding import _special, oracle_tokens
+    from tests.engine.test_exact_decoding import _special, oracle_tokens
 
     cases = _llada_cases() if arch == "llada" else _dream_cases()
     assert len(cases) >= 5
@@ -103,7 +103,7 @@ def _compare_llada2(model_dir, llm):
     from pathlib import Path
 
     from tests.oracle_llada2 import load_llada2_oracle
-    from tests.test_llada2_decoding import CASES, reference
+    from tests.engine.test_llada2_decoding import CASES, reference
 
     cases = [c for c in CASES if c.name.startswith(("2.0, one past", "2.1, quality", "2.1, speed", "2.0 sampled"))]
     assert len(cases) == 4
@@ -161,7 +161,7 @@ def test_the_sparse_refusal_depends_on_kv_heads_per_rank():
 
 
 def test_two_ranks_give_the_oracles_logprobs(served):
-    from tests import test_logprobs as checks
+    from tests.engine import test_logprobs as checks
 
     arch, model_dir, llm = served
     if arch == "llada2":
@@ -176,7 +176,7 @@ def test_two_ranks_score_the_elbo_as_the_recipe(served):
     from vllm import SamplingParams
     from vllm.exceptions import VLLMValidationError
 
-    from tests.test_logprobs import check_elbo_against_the_recipe
+    from tests.engine.test_logprobs import check_elbo_against_the_recipe
 
     arch, model_dir, llm = served
     if arch == "llada2":  # no published recipe: refused on every rank count
@@ -189,7 +189,7 @@ def test_two_ranks_score_the_elbo_as_the_recipe(served):
 
 
 def test_two_ranks_follow_the_grammar(served, grammar_kit):
-    from tests import test_structured_outputs as checks
+    from tests.engine import test_structured_outputs as checks
 
     arch, model_dir, llm = served
     if arch == "llada":

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.oracle_llada2 import block_causal_mask, load_llada2_oracle
-from tests.test_grow_depth import backward_on_random_targets
+from tests.lab.test_grow_depth import backward_on_random_targets
 from tests.llada2_tiny import MOE, SHAPE, SIZES
 from lab import train
 from lab.training import llada2
@@ -82,7 +82,7 @@ def test_widths_that_cannot_keep_the_function_are_refused(to, message):
 def test_the_training_tool_widens_an_exported_folder_that_the_plugin_serves(tmp_path, capsys):
     from safetensors.torch import load_file
 
-    from tests.test_llada2_model import BLOCK, run_plugin_model
+    from tests.engine.test_llada2_model import BLOCK, run_plugin_model
 
     first = tmp_path / "first"
     assert train.main(["--arch", "llada2", "--out", str(first), *SIZES, "--tasks", "addition", "--steps", "2",
@@ -117,7 +117,7 @@ def test_the_training_tool_widens_an_exported_folder_that_the_plugin_serves(tmp_
     want = oracle.forward(tokens, block_causal_mask(len(tokens), BLOCK))
     _close(_logits(model, tokens[None], block=BLOCK)[0], want)
     steps = run_plugin_model(str(model_dir), tokens.tolist(), [[0, 1, 2]])
-    # float32 both sides, summation order only (as tests/test_llada2_model.py states).
+    # float32 both sides, summation order only (as tests/engine/test_llada2_model.py states).
     torch.testing.assert_close(steps[0], want, atol=2e-3, rtol=0)
 
     with pytest.raises(SystemExit):

@@ -2,7 +2,7 @@
 
 No engine: a small Starlette app answers like vLLM's routes do (a JSON 400, or an
 SSE stream whose first event may be an error).  The real server path is covered by
-tests/test_server_validation.py (LLaDA); Dream's temperature-0 field refusals are tested here.
+tests/server/test_server_validation.py (LLaDA); Dream's temperature-0 field refusals are tested here.
 """
 
 from __future__ import annotations

@@ -135,7 +135,7 @@ def test_inapplicable_options_are_400s(server, client, xargs, message):
 
 
 def test_echo_with_logprobs_scores_the_prompt_and_the_elbo_is_refused(server, client):
-    # The block-causal chain rule, position by position: tests/test_logprobs.py.
+    # The block-causal chain rule, position by position: tests/engine/test_logprobs.py.
     resp = client.post("/v1/completions", json={
         "model": server.model, "prompt": [5, 6, 7, 8], "max_tokens": 8, "echo": True, "logprobs": 1,
     })
@@ -150,7 +150,7 @@ def test_echo_with_logprobs_scores_the_prompt_and_the_elbo_is_refused(server, cl
 
 
 def test_structured_outputs_are_enforced(server, client):
-    # The mechanism and every mode: tests/test_structured_outputs.py.
+    # The mechanism and every mode: tests/engine/test_structured_outputs.py.
     for body, valid in (({"structured_outputs": {"regex": "[a-c]{2}-[0-9]{2}"}}, lambda t: re.fullmatch("[a-c]{2}-[0-9]{2}", t)),
                         ({"structured_outputs": {"choice": ["up", "down"]}, "vllm_xargs": {"mode": "quality"}},
                          lambda t: t in ("up", "down"))):

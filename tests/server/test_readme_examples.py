@@ -23,7 +23,7 @@ import pytest
 from tests.server_utils import ServerProcess
 from vllm_dllm.default_model import PATH
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 SERVED_NAME = "vllm-dllm-task"
 # Pages that are records, not user documentation: no examples are read from them.

@@ -283,7 +283,7 @@ def test_the_openai_sdk_reads_logprobs_sync_and_streaming(server):
 
 
 # --------------------------------------------------------------------------------------
-# 6b. structured outputs (the mechanism: tests/test_structured_outputs.py)
+# 6b. structured outputs (the mechanism: tests/engine/test_structured_outputs.py)
 # --------------------------------------------------------------------------------------
 
 SCHEMA = {

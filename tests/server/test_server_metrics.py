@@ -245,7 +245,7 @@ def test_eval_cli_against_a_running_server(server, tmp_path):
 
 
 def test_eval_decodes_a_llada_server_exactly(server):
-    # The server describes its decoding on /metrics (LLaDA2: tests/test_llada2_server.py).
+    # The server describes its decoding on /metrics (LLaDA2: tests/server/test_llada2_server.py).
     from lab.eval import ServerRunner
     from lab.tasks import ALL_TASKS, Instance
 

@@ -76,11 +76,11 @@ BAD_REQUESTS = [
     ("min_p-greedy", "completions", {"max_tokens": 16, "temperature": 0, "min_p": 0.1}, ["'min_p' is not supported by diffusion decoding"]),
     ("min_p-default-temperature", "chat", {"max_tokens": 16, "min_p": 0.1}, ["'min_p' is not supported by diffusion decoding"]),
     ("logit_bias", "completions", {"max_tokens": 16, "logit_bias": {"5": 1.0}}, ["logit_bias"]),
-    # Structured outputs are enforced (tests/test_structured_outputs.py); what the
+    # Structured outputs are enforced (tests/engine/test_structured_outputs.py); what the
     # grammar backend cannot compile is its 400.
     ("bad-regex", "completions", {"max_tokens": 16, "structured_outputs": {"regex": "(ab"}}, ["regex"]),
     ("bad-json-schema", "completions", {"max_tokens": 16, "structured_outputs": {"json": "{not json"}}, ["Invalid JSON grammar"]),
-    # The ELBO option (its values; a continuation past the prompt: tests/test_server.py).
+    # The ELBO option (its values; a continuation past the prompt: tests/server/test_server.py).
     ("likelihood-unknown", "completions", {"max_tokens": 4, "vllm_xargs": {"likelihood": "exact", "context_tokens": 1}}, ["'likelihood' must be one of elbo"]),
     ("likelihood-without-context", "completions", {"max_tokens": 4, "vllm_xargs": {"likelihood": "elbo"}}, ["needs 'context_tokens'"]),
     ("mc_batch-not-dividing", "completions", {"max_tokens": 4, "vllm_xargs": {"likelihood": "elbo", "context_tokens": 1, "mc_samples": 12, "mc_batch": 5}}, ["'mc_batch' (5) must divide 'mc_samples' (12)"]),

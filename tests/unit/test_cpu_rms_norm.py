@@ -13,7 +13,7 @@ import vllm_dllm
 from vllm_dllm.models import cpu_rms_norm
 from vllm_dllm.tools.make_tiny import make_tiny
 
-from tests.test_plugin import engine_config
+from tests.engine.test_plugin import engine_config
 
 
 # On a CUDA install `torch.ops._C` holds CUDA kernels and the provider is unsupported.

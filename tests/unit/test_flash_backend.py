@@ -11,7 +11,7 @@ import torch
 
 from vllm_dllm.attention.backends import FlashAttention, TorchAttention
 from vllm_dllm.engine.step_inputs import SequenceLayout, build_step_inputs
-from tests.test_step_engine import BLOCK_SIZE, IDS
+from tests.unit.test_step_engine import BLOCK_SIZE, IDS
 
 
 def varlen_contract(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k=None, seqused_k=None,

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.test_structured_outputs import grammar_kit  # noqa: F401 (a fixture)
+from tests.engine.test_structured_outputs import grammar_kit  # noqa: F401 (a fixture)
 from vllm_dllm.scheduler.completion import (
     alphabet_of,
     closing,

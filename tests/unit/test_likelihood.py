@@ -2,7 +2,7 @@
 ask (options/likelihood.py) and which positions each Monte-Carlo sample masks with
 what weight (decoding/elbo.py), against the recipes of LLaDA's eval_llada.py and
 Dream's eval/eval.py written out here from their definitions.  The estimates
-themselves are checked through the engine in tests/test_logprobs.py."""
+themselves are checked through the engine in tests/engine/test_logprobs.py."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 import oracle  # noqa: E402
 import oracle_dream  # noqa: E402
 import oracle_model  # noqa: E402

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 from oracle import llada_generate  # noqa: E402
 from oracle_fixtures import (  # noqa: E402
     EOS, EOT, MASK, PROMPT, VOCAB, Recorder, _dream, _expected_schedule, _llada, tiny_dream, tiny_llada,

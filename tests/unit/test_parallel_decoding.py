@@ -283,7 +283,7 @@ def test_a_block_ends_when_it_has_no_masks_and_the_next_one_starts():
 
 # ---- options ---------------------------------------------------------------
 
-from tests.test_options import dream, llada, res  # noqa: E402
+from tests.unit.test_options import dream, llada, res  # noqa: E402
 from vllm_dllm.options import OptionError  # noqa: E402
 
 

@@ -20,7 +20,7 @@ from vllm_dllm.engine.engine import StepEngine
 from vllm_dllm.engine import graphs as graphs_module
 from vllm_dllm.engine.graphs import ReuseGraphs, capture_cuda_graph, seq_bucket
 from vllm_dllm.engine.torch_model import build_model
-from tests.test_step_engine import BLOCK_SIZE, IDS, SHAPE, add_requests, llada
+from tests.unit.test_step_engine import BLOCK_SIZE, IDS, SHAPE, add_requests, llada
 
 
 class PagedReference:

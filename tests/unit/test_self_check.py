@@ -20,8 +20,8 @@ from vllm_dllm.serving.server_defaults import ServerDefaults
 from vllm_dllm.worker import runner as runner_module
 from vllm_dllm.worker import self_check
 from vllm_dllm.worker.self_check import SelfCheckFailed, check_attention, check_philox, probe_options
-from tests.test_reuse_graphs import PagedReference, RerunCapture
-from tests.test_step_engine import BLOCK_SIZE, IDS, SHAPE
+from tests.unit.test_reuse_graphs import PagedReference, RerunCapture
+from tests.unit.test_step_engine import BLOCK_SIZE, IDS, SHAPE
 
 NUM_BLOCKS = 64
 

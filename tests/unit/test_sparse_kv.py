@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from tests import oracle, oracle_model, sparse_reference
-from tests.test_step_engine import BLOCK_SIZE, IDS, SHAPE, add_requests, llada, make_engine
+from tests.unit.test_step_engine import BLOCK_SIZE, IDS, SHAPE, add_requests, llada, make_engine
 from vllm_dllm.attention import sparse
 from vllm_dllm.attention.backends import TorchAttention
 from vllm_dllm.engine.engine import StepEngine
@@ -302,7 +302,7 @@ def test_oracle_sparse_differs_from_dual_and_full_retention_equals_it(tiny_dirs)
     plugin == oracle cases are not dual in disguise)."""
     model_dir = tiny_dirs("llada")
     model = oracle_model.load_oracle(model_dir)
-    from tests.test_exact_decoding import _special
+    from tests.engine.test_exact_decoding import _special
 
     ids = _special(model_dir)
     prompt = [5 + (3 * i) % 40 for i in range(20)]

@@ -19,7 +19,7 @@ from vllm_dllm.configs import DreamConfig, DreamTokenizer, LLaDAConfig
 from vllm_dllm.families import register_hf_classes
 from vllm_dllm.tools import make_tiny as mt
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # Sizes per variant: the real-vocab ones keep the hidden size tiny (the
 # embedding and LM head dominate).

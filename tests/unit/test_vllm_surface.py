@@ -16,7 +16,7 @@ from vllm_dllm.tools import vllm_surface_check as checker
 from vllm_dllm.tools.vllm_source import SourceTree, fingerprint, resolve_qualname, signature_text
 from vllm_dllm.tools.vllm_surface_check import BROKEN, OK, REVIEW
 
-PLUGIN = Path(__file__).resolve().parents[1] / "vllm_dllm"
+PLUGIN = Path(__file__).resolve().parents[2] / "vllm_dllm"
 
 
 def plugin_files() -> list[Path]:

@@ -8,7 +8,7 @@ give the tokens one device gives; confidences and logprobs agree to float roundi
 near 0).  A near-tie is a case whose whole-vocabulary tokens change when the logits
 move by one part in 10^5: such cases may flip under any summation order, so they are
 drawn again, and they must stay rare.  The engine on two real ranks is
-tests/test_tensor_parallel.py.
+tests/engine/test_tensor_parallel.py.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ builds, loaded on CPUs without AVX-512-BF16 such as AMD Zen 2/3, convert float32
 bfloat16 by truncation where torch rounds to nearest).  Anything else falls through to
 the next provider, vLLM's native one.  The kernel rounds to the dtype in other places
 than the native formula does: a few units in the last place (the tolerance is in
-tests/test_cpu_rms_norm.py).  Registering loads vLLM's C++ ops in each process that
+tests/unit/test_cpu_rms_norm.py).  Registering loads vLLM's C++ ops in each process that
 loads the plugin (the workers load them anyway).
 """
 
