@@ -12,10 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from vllm.logger import init_logger
-from vllm.utils.math_utils import cdiv
 from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -24,20 +21,12 @@ from vllm.v1.request import Request, RequestStatus
 
 from vllm_dllm.serving.compat import cached_request_data, new_request_data, output_rows
 from vllm_dllm.engine.constraints import GrammarStep
-from vllm_dllm.engine.likelihood import elbo_tokens
-from vllm_dllm.engine.prompt_scoring import scoring_tokens
 from vllm_dllm.kv_footprint import request_slots
 from vllm_dllm.serving.metrics import StepStats
-from vllm_dllm.options import DecodeOptions, OptionError, resolve_params, sequence_copies
-from vllm_dllm.options.likelihood import RECIPE_OF_KIND, likelihood_request
-from vllm_dllm.options.likelihood import model_problem as likelihood_model_problem
-from vllm_dllm.options.likelihood import prompt_problem as likelihood_prompt_problem
-from vllm_dllm.phases import (
-    is_block_causal,
-    keeps_cache_over_preemption,
-    max_block_causal_queries,
-)
+from vllm_dllm.options import DecodeOptions, sequence_copies
+from vllm_dllm.phases import is_block_causal, keeps_cache_over_preemption
 from vllm_dllm.scheduler.accounting import ComputedTokensAccounting
+from vllm_dllm.scheduler.admission import Limits, price_request
 from vllm_dllm.scheduler.plan import Candidate, Holder, choose_preemptions, plan_step
 from vllm_dllm.scheduler.track import RequestTrack
 from vllm_dllm.scheduler.prefix_cache import leading_blocks, usable_prefix
@@ -89,85 +78,16 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             self._rejected[request.request_id] = reason
 
     def _admission_problem(self, request: Request) -> str | None:
-        params = request.sampling_params
-        if params is None:
-            return "diffusion models only serve generation requests"
-        try:
-            options = resolve_params(self.defaults, params)
-        except OptionError as err:
-            return str(err)
-        problem = self.defaults.deployment_problem(options)
-        if problem:
-            return problem
-        options = options.placed(request.num_prompt_tokens)
-        seq_len = request.num_prompt_tokens + options.gen_length
-        if seq_len > self.max_model_len:
-            padded = f", padded to whole blocks of {options.block_length}" if options.block_causal else ""
-            return (
-                f"prompt ({request.num_prompt_tokens} tokens) plus generation length "
-                f"({options.gen_length}{padded}) exceeds max_model_len {self.max_model_len}"
-            )
-        causal = is_block_causal(options)
-        chunk = self.prefill_chunk if causal else 0
-        most_queries = max_block_causal_queries(options.block_length, seq_len, chunk) if causal else seq_len
-        tokens = most_queries * sequence_copies(options)
-        scoring, problem = self._scoring_tokens(request, options, tokens)
-        if problem:
-            return problem
-        slots = request_slots(options, request.num_prompt_tokens)
-        if slots > self.max_model_len:
-            # vLLM's KV cache manager caps one request's slots at max_model_len; the
-            # prompt-masked twin of classifier-free guidance needs its own.
-            return (
-                f"with cfg_scale > 0 the prompt ({request.num_prompt_tokens} tokens) plus "
-                f"generation length ({options.gen_length}) must fit twice into max_model_len "
-                f"{self.max_model_len}"
-            )
-        if tokens > self.max_num_scheduled_tokens:
-            return (
-                f"one denoising step of this request needs {tokens} tokens, more than "
-                f"max_num_batched_tokens {self.max_num_scheduled_tokens}"
-            )
-        blocks = cdiv(slots, self.block_size)
-        capacity = self.kv_cache_manager.block_pool.num_gpu_blocks - 1
-        if blocks > capacity:
-            return f"request needs {blocks} KV blocks, the whole pool has {capacity}"
-        self._costs[request.request_id] = RequestTrack(options, request.num_prompt_tokens, blocks, chunk=chunk,
-                                                       scoring=scoring)
+        limits = Limits(
+            max_model_len=self.max_model_len, max_num_scheduled_tokens=self.max_num_scheduled_tokens,
+            block_size=self.block_size, pool_blocks=self.kv_cache_manager.block_pool.num_gpu_blocks - 1,
+            prefill_chunk=self.prefill_chunk,
+        )
+        track = price_request(request.sampling_params, request.num_prompt_tokens, self.defaults, limits)
+        if isinstance(track, str):
+            return track
+        self._costs[request.request_id] = track
         return None
-
-    def _scoring_tokens(self, request: Request, options: DecodeOptions, step_tokens: int) -> tuple[int, str | None]:
-        """Query tokens of the request's prompt scoring (prompt_logprobs' copies, the
-        ELBO's samples), run with its first step, or why it cannot run."""
-        params = request.sampling_params
-        prompt_len = request.num_prompt_tokens
-        scoring, parts = 0, []
-        if params.prompt_logprobs is not None:
-            block = options.block_length if is_block_causal(options) else 0
-            copies = int(scoring_tokens(np.array([prompt_len]), block)[0])
-            scoring += copies
-            parts.append(f"prompt_logprobs of a {prompt_len}-token prompt run {prompt_len - 1} masked copies "
-                         f"of it ({copies} tokens)")
-        try:
-            likelihood = likelihood_request(params.extra_args)
-        except OptionError as err:
-            return 0, str(err)
-        if likelihood is not None:
-            problem = likelihood_model_problem(self.defaults.kind) or likelihood_prompt_problem(likelihood, prompt_len)
-            if problem:
-                return 0, problem
-            samples = elbo_tokens(RECIPE_OF_KIND[self.defaults.kind], prompt_len, likelihood, options.uses_cfg)
-            scoring += samples
-            twins = " and their guided twins" if options.uses_cfg else ""
-            parts.append(f"the ELBO of a {prompt_len}-token prompt runs {likelihood.mc_samples} masked copies "
-                         f"of it{twins} ({samples} tokens)")
-        if scoring and step_tokens + scoring > self.max_num_scheduled_tokens:
-            return 0, (
-                f"{'; '.join(parts)} in its first step, more than max_num_batched_tokens "
-                f"{self.max_num_scheduled_tokens} with the step itself; raise --max-num-batched-tokens"
-                + (", lower mc_samples" if likelihood is not None else "") + " or shorten the prompt"
-            )
-        return scoring, None
 
     # ---- one step -----------------------------------------------------------
 
