@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from vllm_dllm.decoding.base import DecodeState, SpecialIds, StepPlan
+from vllm_dllm.decoding.base import DecodeState, SpecialIds, CandidatePlan
 from vllm_dllm.decoding.rules import make_rule
 from vllm_dllm.decoding.dream import DreamRule
 from vllm_dllm.decoding.llada import LLaDARule
@@ -141,7 +141,7 @@ def logits_table(gen, seed=0, scale=3.0) -> torch.Tensor:
 
 @dataclass
 class StepRecord:
-    plan: StepPlan
+    plan: CandidatePlan
     width: int
     rows: torch.Tensor  # per candidate: its row in `slots`
     positions: torch.Tensor  # per candidate: its canvas position
@@ -179,7 +179,7 @@ def run_step(batch: Batch, slots, logits_fn, *, max_rows: int = 1024) -> StepRec
                       state.canvas[slots, :width].clone())
 
 
-def commit_values(batch: Batch, plan: StepPlan, tokens, conf) -> None:
+def commit_values(batch: Batch, plan: CandidatePlan, tokens, conf) -> None:
     """Commit hand-chosen per-position tokens/confidences ([width] values) through
     the rule's commit, as the engine's grids carry them (read only at candidates)."""
     slots = batch.slots
@@ -192,7 +192,7 @@ def commit_values(batch: Batch, plan: StepPlan, tokens, conf) -> None:
     batch.rule.commit(slots, plan, grid_tokens, grid_conf)
 
 
-def plan_for(batch: Batch, slots=None) -> StepPlan:
+def plan_for(batch: Batch, slots=None) -> CandidatePlan:
     slots = batch.slots if slots is None else torch.as_tensor(slots)
     batch.rule.prepare(slots)
     return batch.rule.plan(slots, int(batch.state.gen_length[slots].max()))

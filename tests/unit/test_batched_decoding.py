@@ -31,7 +31,7 @@ from tests.decoding_harness import (
     single,
 )
 from vllm_dllm.decoding import sampling
-from vllm_dllm.decoding.base import PAD, DecodeState, StepPlan
+from vllm_dllm.decoding.base import PAD, DecodeState, CandidatePlan
 from vllm_dllm.decoding.rules import make_rule
 from vllm_dllm.decoding.dream import DreamRule
 from vllm_dllm.decoding.llada import LLaDARule
@@ -353,7 +353,7 @@ def test_commit_ranks_minus_inf_candidates_last_and_never_non_candidates():
     (below every finite one, ties toward the lower position); non-candidates never."""
     batch = single(llada_opts(gen=6, steps=1))  # one step: commits all 6 candidates
     plan = plan_for(batch)
-    plan = StepPlan(candidates=plan.candidates & torch.tensor([True, True, False, True, True, True]),
+    plan = CandidatePlan(candidates=plan.candidates & torch.tensor([True, True, False, True, True, True]),
                     count=torch.tensor([4]))
     tokens = torch.tensor([[10, 11, 12, 13, 14, 15]])
     # The grid holds a high confidence at the non-candidate: the rule must ignore it.

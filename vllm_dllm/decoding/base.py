@@ -104,7 +104,7 @@ class DecodeState:
 
 
 @dataclass
-class StepPlan:
+class CandidatePlan:
     """What a rule decided before the forward: candidates and how many to commit."""
 
     candidates: torch.Tensor  # bool [R, width], canvas positions needing logits
@@ -115,7 +115,7 @@ class StepPlan:
 class Denoised:
     """One step's decisions: candidate i is (request rows[i], canvas position positions[i])."""
 
-    plan: StepPlan
+    plan: CandidatePlan
     rows: torch.Tensor
     positions: torch.Tensor
     tokens: torch.Tensor
@@ -150,7 +150,7 @@ class BatchedRule(ABC):
         """Write the request's rule parameters into its slot (DecodeState.admit first)."""
 
     @abstractmethod
-    def plan(self, slots: torch.Tensor, width: int) -> StepPlan:
+    def plan(self, slots: torch.Tensor, width: int) -> CandidatePlan:
         """Candidates and commit counts of this step, for the requests in `slots`."""
 
     @abstractmethod
@@ -160,7 +160,7 @@ class BatchedRule(ABC):
         """(token, confidence) of each logits row; row i belongs to request slot
         `slots[i]`, canvas position `positions[i]`.  May modify `logits` in place."""
 
-    def ranking_keys(self, slots: torch.Tensor, plan: StepPlan, confidence: torch.Tensor) -> torch.Tensor:
+    def ranking_keys(self, slots: torch.Tensor, plan: CandidatePlan, confidence: torch.Tensor) -> torch.Tensor:
         """Keys by which each request's candidates compete for its `count` commits."""
         return confidence
 
@@ -181,7 +181,7 @@ class BatchedRule(ABC):
     def commit_candidates(
         self,
         slots: torch.Tensor,
-        plan: StepPlan,
+        plan: CandidatePlan,
         rows: torch.Tensor,
         positions: torch.Tensor,
         tokens: torch.Tensor,
@@ -196,7 +196,7 @@ class BatchedRule(ABC):
         grid_conf[rows, positions] = confidence
         self.commit(slots, plan, grid_tokens, grid_conf)
 
-    def commit(self, slots: torch.Tensor, plan: StepPlan, tokens: torch.Tensor, confidence: torch.Tensor) -> None:
+    def commit(self, slots: torch.Tensor, plan: CandidatePlan, tokens: torch.Tensor, confidence: torch.Tensor) -> None:
         """Commit each request's `count` highest-ranked candidates and advance a step.
 
         `tokens`/`confidence` are [R, width] grids, read only where candidates.
@@ -234,13 +234,13 @@ class BatchedRule(ABC):
         """Length of each request's final prefix (streamable, never rewritten)."""
         return self.state.num_final(slots, width)
 
-    def commit_count(self, slots: torch.Tensor, plan: StepPlan, ordered_keys: torch.Tensor) -> torch.Tensor:
+    def commit_count(self, slots: torch.Tensor, plan: CandidatePlan, ordered_keys: torch.Tensor) -> torch.Tensor:
         """How many candidates each request commits, given its ranking keys sorted
         descending (non-candidates last, at -inf): the plan's count, unless a rule
         decides from the confidences."""
         return plan.count
 
-    def block_done(self, slots: torch.Tensor, plan: StepPlan) -> torch.Tensor:
+    def block_done(self, slots: torch.Tensor, plan: CandidatePlan) -> torch.Tensor:
         """Whether each request's active block ended with this step (after the
         commit): under the fixed schedule, after its steps per block."""
         state = self.state

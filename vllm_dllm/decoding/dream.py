@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from vllm_dllm.decoding import parallel, sampling
-from vllm_dllm.decoding.base import BatchedRule, DecodeState, StepPlan
+from vllm_dllm.decoding.base import BatchedRule, DecodeState, CandidatePlan
 from vllm_dllm.decoding.vocab import WHOLE, Vocab
 from vllm_dllm.options import DREAM, DREAM_ALGS, DreamOptions
 
@@ -119,7 +119,7 @@ class DreamRule(parallel.ParallelDecoding, BatchedRule):
         steps = state.step[slots].repeat_interleave(width)
         return sampling.uniform(seeds, steps, positions, stream, dtype).view(rows, width)
 
-    def plan(self, slots: torch.Tensor, width: int) -> StepPlan:
+    def plan(self, slots: torch.Tensor, width: int) -> CandidatePlan:
         state = self.state
         # Dream's schedule runs within the active block (the whole canvas by default).
         step = state.block_step[slots]
@@ -133,13 +133,13 @@ class DreamRule(parallel.ParallelDecoding, BatchedRule):
         num_masked = masked.sum(dim=1)
         scheduled = torch.where(last, num_masked, (num_masked.float() / 1 * fraction).long())
         if not self.flips:
-            return StepPlan(candidates=masked, count=scheduled)
+            return CandidatePlan(candidates=masked, count=scheduled)
         # origin: every masked position flips independently; only flipped ones commit.
         flips = self._position_draws(slots, width, sampling.FLIP, torch.float32) < fraction[:, None]
         origin = self.alg[slots] == ORIGIN
         candidates = masked & (~origin | last)[:, None] | masked & flips & origin[:, None]
         count = torch.where(origin, candidates.sum(dim=1), scheduled)
-        return StepPlan(candidates=candidates, count=count)
+        return CandidatePlan(candidates=candidates, count=count)
 
     def reduce(self, logits, slots, positions):
         state = self.state

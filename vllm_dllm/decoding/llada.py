@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from vllm_dllm.decoding import parallel, sampling
-from vllm_dllm.decoding.base import BatchedRule, DecodeState, StepPlan
+from vllm_dllm.decoding.base import BatchedRule, DecodeState, CandidatePlan
 from vllm_dllm.options import LLADA, LLaDAOptions
 
 
@@ -54,7 +54,7 @@ class LLaDARule(parallel.ParallelDecoding, BatchedRule):
         self.parallel.prepare(slots_host)
         self.remasks_randomly = bool(self.random_remasking_host[np.asarray(slots_host)].any())
 
-    def plan(self, slots: torch.Tensor, width: int) -> StepPlan:
+    def plan(self, slots: torch.Tensor, width: int) -> CandidatePlan:
         spb, length = self.state.steps_per_block[slots], self.block_length[slots]
         step_in_block = self.state.block_step[slots]
         start = self.state.block[slots] * length
@@ -64,7 +64,7 @@ class LLaDARule(parallel.ParallelDecoding, BatchedRule):
         block_masked = torch.where(step_in_block == 0, candidates.sum(dim=1), self.block_masked[slots])
         self.block_masked[slots] = block_masked
         count = torch.minimum(transfer_count(block_masked, spb, step_in_block), candidates.sum(dim=1))
-        return StepPlan(candidates=candidates, count=count)
+        return CandidatePlan(candidates=candidates, count=count)
 
     def reduce(self, logits, slots, positions):
         ids, state = self.ids, self.state

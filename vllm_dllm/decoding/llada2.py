@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 from vllm_dllm.decoding import parallel, sampling
-from vllm_dllm.decoding.base import BatchedRule, DecodeState, StepPlan
+from vllm_dllm.decoding.base import BatchedRule, DecodeState, CandidatePlan
 from vllm_dllm.decoding.vocab import WHOLE, Vocab
 from vllm_dllm.options import LLADA2, LLaDA2Options
 
@@ -146,7 +146,7 @@ class LLaDA2Rule(BatchedRule):
         start = self.state.block[slots] * length - self.lead[slots]
         return start.clamp(min=0), start + length
 
-    def plan(self, slots: torch.Tensor, width: int) -> StepPlan:
+    def plan(self, slots: torch.Tensor, width: int) -> CandidatePlan:
         start, end = self.block_range(slots)
         columns = torch.arange(width, device=slots.device)
         in_block = (columns >= start[:, None]) & (columns < end[:, None]) & (columns < self.state.gen_length[slots, None])
@@ -162,7 +162,7 @@ class LLaDA2Rule(BatchedRule):
         schedule = quota(self.block_length[slots], self.state.steps_per_block[slots], self.state.block_step[slots])
         fixed = torch.where(editing, self.num_to_transfer[slots], schedule)
         count = torch.minimum(fixed, masked.sum(dim=1))
-        return StepPlan(candidates=candidates, count=count)
+        return CandidatePlan(candidates=candidates, count=count)
 
     def reduce(self, logits, slots, positions):
         state = self.state
@@ -200,7 +200,7 @@ class LLaDA2Rule(BatchedRule):
         confidence = self.parallel.rank_by_entropy(slots, plain, confidence, masked & ~hot)
         return tokens, self.parallel.rank_by_entropy(slots, probs, confidence, masked & hot)
 
-    def commit(self, slots: torch.Tensor, plan: StepPlan, tokens: torch.Tensor, confidence: torch.Tensor) -> None:
+    def commit(self, slots: torch.Tensor, plan: CandidatePlan, tokens: torch.Tensor, confidence: torch.Tensor) -> None:
         state = self.state
         width = plan.candidates.shape[1]
         current = state.canvas[slots, :width]
@@ -213,7 +213,7 @@ class LLaDA2Rule(BatchedRule):
         # them instead, never below the quota: the masks' plan counts what `fixed`
         # rows take and the quota for the others (parallel.commit_counts' floor).
         fixed = self.parallel.rule[slots] == parallel.FIXED
-        masks = StepPlan(candidates=masked, count=torch.where(fixed, official, plan.count))
+        masks = CandidatePlan(candidates=masked, count=torch.where(fixed, official, plan.count))
         keys = self.parallel.ranking_keys(slots, masks, confidence).double()
         keys = torch.where(masked & (keys == _LOWEST), -torch.finfo(torch.float64).max, keys)
         keys = torch.where(masked, keys, _LOWEST)
@@ -231,7 +231,7 @@ class LLaDA2Rule(BatchedRule):
         state.block_step[slots] = torch.where(done, 0, state.block_step[slots] + 1)
         self.post_steps[slots] = torch.where(done, 0, self.post_steps[slots])
 
-    def _block_done(self, slots: torch.Tensor, plan: StepPlan, edited: torch.Tensor) -> torch.Tensor:
+    def _block_done(self, slots: torch.Tensor, plan: CandidatePlan, edited: torch.Tensor) -> torch.Tensor:
         state = self.state
         width = plan.candidates.shape[1]
         start, end = self.block_range(slots)
