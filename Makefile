@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml scripts/install.sh
 	touch $(STAMP)
 
 test: setup
-	# The vLLM surface check (vllm_dllm/serving/vllm_surface.py) against the installed vLLM;
+	# The vLLM surface check (vllm_dllm/serving/vllm_surface/) against the installed vLLM;
 	# tests/unit/test_vllm_surface.py runs it too.
 	$(BIN)/python -m vllm_dllm.tools.vllm_surface_check
 	$(BIN)/python -m pytest -q tests

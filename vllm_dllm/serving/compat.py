@@ -4,7 +4,7 @@ vLLM has no public registry for per-architecture config hooks; the
 `MODELS_CONFIG_MAP` dict is what its own models use.  Touching it, and every
 behaviour that differs between the supported vLLM versions, is isolated here,
 behind version checks.  `python -m vllm_dllm.tools.vllm_surface_check` checks a vLLM
-source tree against the names listed in vllm_dllm/serving/vllm_surface.py.
+source tree against the names listed in vllm_dllm/serving/vllm_surface/.
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def init_cpu_worker_device(worker) -> None:
     """vLLM 0.34's `CPUWorker.init_device` up to where it builds vLLM's own runner:
     the device, the distributed group (with the identifier vLLM's CPU communicator
     reads) and the seed.  Its thread binding happens earlier, at process start.
-    Reviewed against each release's code (vllm_surface.py, REVIEWED)."""
+    Reviewed against each release's code (vllm_surface/reviewed.py, REVIEWED)."""
     import torch
     from vllm.platforms import current_platform
     from vllm.utils.torch_utils import set_random_seed

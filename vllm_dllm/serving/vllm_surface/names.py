@@ -1,0 +1,82 @@
+"""NAMES: every vLLM import of the plugin, (module, name) exactly as the plugin writes
+it; `from module import name` must still find the name (re-exports and vLLM's lazy
+`__getattr__` maps followed).  tests/unit/test_vllm_surface.py fails when plugin code
+imports a vLLM name that is not listed here, or when a listed import is no longer used.
+"""
+
+from __future__ import annotations
+
+from vllm_dllm.serving.vllm_surface.records import BEFORE_034, FROM_034, KV, LAYERS, OUTPUT, SCHED, Name
+
+# ---- imports (module, name) exactly as the plugin writes them ---------------------
+
+NAMES: tuple[Name, ...] = (
+    Name("vllm", "ModelRegistry", "__init__.register"),
+    Name("vllm", "__version__", "compat.vllm_version, when no distribution metadata is found"),
+    Name("vllm", "_custom_ops", "models/cpu_rms_norm.py: loads torch.ops._C (rms_norm, fused_add_rms_norm) on the CPU"),
+    Name("vllm", "ir", "models/cpu_rms_norm.py: registers the CPU RMSNorm provider"),
+    Name("vllm.config", "VllmConfig", "models/, worker/runner.py"),
+    Name("vllm.distributed", "get_tensor_model_parallel_world_size", "models/transformer.py"),
+    Name("vllm.distributed", "tensor_model_parallel_all_gather",
+         "worker/vocab_parallel.py: the LM head's per-row numbers"),
+    Name("vllm.exceptions", "VLLMValidationError", "validation.py"),
+    Name("vllm.sampling_params", "RequestOutputKind", "validation.py: a likelihood is not streamed"),
+    Name("vllm.exceptions", "VLLMClientError", "frontend.py: a refused stream's exception, logged as one line"),
+    Name("vllm.forward_context", "set_forward_context", "worker/runner.py: fused MoE layers look themselves up there"),
+    Name("vllm.logger", "init_logger", "scheduler, server_config, runner"),
+    Name(f"{LAYERS}.activation", "SiluAndMul", "models/transformer.py"),
+    Name(f"{LAYERS}.fused_moe", "FusedMoEFactory", "models/moe.py"),
+    Name(f"{LAYERS}.layernorm", "RMSNorm", "models/transformer.py"),
+    Name(f"{LAYERS}.linear", "MergedColumnParallelLinear", "models/transformer.py"),
+    Name(f"{LAYERS}.linear", "QKVParallelLinear", "models/transformer.py"),
+    Name(f"{LAYERS}.linear", "RowParallelLinear", "models/transformer.py"),
+    Name(f"{LAYERS}.logits_processor", "LogitsProcessor", "models/transformer.py"),
+    Name(f"{LAYERS}.rotary_embedding", "get_rope", "models/rope.py"),
+    Name(f"{LAYERS}.vocab_parallel_embedding", "ParallelLMHead", "models/transformer.py"),
+    Name(f"{LAYERS}.vocab_parallel_embedding", "VocabParallelEmbedding", "models/transformer.py"),
+    Name("vllm.model_executor.model_loader", "get_model", "worker/runner.py"),
+    Name("vllm.model_executor.model_loader.weight_utils", "default_weight_loader", "models/weights.py"),
+    Name("vllm.model_executor.models.config", "MODELS_CONFIG_MAP", "compat.register_config_hook: private hook"),
+    Name("vllm.platforms", "current_platform", "server_config"),
+    Name("vllm.platforms", "CpuArchEnum", "models/cpu_rms_norm.py: bfloat16 only from the x86 AVX-512-BF16 build"),
+    Name("vllm.transformers_utils.repo_utils", "get_hf_file_to_dict", "server_config"),
+    Name("vllm.utils.torch_utils", "kv_cache_dtype_str_to_dtype", "worker/runner.py"),
+    Name(OUTPUT, "CachedRequestData", "compat.cached_request_data"),
+    Name(OUTPUT, "NewRequestData", "compat.new_request_data, scheduler, runner"),
+    Name("vllm.v1.core.kv_cache_manager", "KVCacheBlocks", "scheduler/prefix_cache.py"),
+    Name(OUTPUT, "SchedulerOutput", "scheduler, runner"),
+    Name("vllm.v1.core.sched.request_queue", "SchedulingPolicy", "scheduler"),
+    Name(SCHED, "Scheduler", "scheduler: subclassed"),
+    Name("vllm.v1.engine", "EngineCoreEventType", "scheduler"),
+    Name("vllm.v1.engine", "EngineCoreOutput", "scheduler"),
+    Name("vllm.v1.engine", "EngineCoreOutputs", "scheduler"),
+    Name(KV, "FullAttentionSpec", "runner"),
+    Name(KV, "KVCacheConfig", "runner, kv_pool"),
+    Name(KV, "KVCacheSpec", "runner"),
+    Name("vllm.v1.metrics.loggers", "StatLoggerBase", "metrics: subclassed"),
+    Name("vllm.v1.outputs", "EMPTY_MODEL_RUNNER_OUTPUT", "runner"),
+    Name("vllm.v1.outputs", "ModelRunnerOutput", "runner: subclassed"),
+    Name("vllm.v1.outputs", "LogprobsLists", "runner: committed tokens' logprob rows"),
+    Name("vllm.v1.outputs", "LogprobsTensors", "runner: prompt logprob rows"),
+    Name("vllm.v1.request", "Request", "scheduler"),
+    Name("vllm.v1.request", "RequestStatus", "scheduler"),
+    Name("vllm.v1.sample.logits_processor.interface", "LogitsProcessor",
+         "compat.logits_processor_base: validation subclasses it", versions=BEFORE_034),
+    Name("vllm.v1.worker.gpu.sample.logits_processor.interface", "LogitsProcessor",
+         "compat.logits_processor_base: validation subclasses it", versions=FROM_034),
+    Name("vllm.v1.spec_decode.metrics", "SpecDecodingStats", "metrics"),
+    Name("vllm.v1.worker.cpu_worker", "CPUWorker", "worker: subclassed"),
+    Name("vllm.v1.worker.gpu_worker", "Worker", "worker: subclassed"),
+    Name("vllm.v1.worker.gpu_worker", "init_worker_distributed_environment", "compat.init_cpu_worker_device",
+         versions=FROM_034),
+    Name("vllm.utils.torch_utils", "set_random_seed", "compat.init_cpu_worker_device", versions=FROM_034),
+    Name("vllm.v1.worker.worker_base", "CompilationTimes", "worker/gpu_worker.py"),
+    Name("vllm.utils.mem_utils", "memory_profiling", "worker/gpu_worker.py"),
+    Name("vllm.distributed.parallel_state", "graph_capture", "worker/runner.py: Reuse graphs under TP"),
+    Name("vllm.config.compilation", "CompilationMode", "compat.keep_vllm_compilation_off"),
+    Name("vllm.config.compilation", "CUDAGraphMode", "compat.keep_vllm_compilation_off"),
+    Name("vllm.vllm_flash_attn", "flash_attn_varlen_func", "attention/backends.py (CUDA only)"),
+    Name("vllm.vllm_flash_attn", "fa_version_unsupported_reason", "attention/backends.py (CUDA only)"),
+    # Named as strings, not imported.
+    Name(SCHED, "Scheduler", "server_config: the default scheduler_cls value we replace"),
+)
