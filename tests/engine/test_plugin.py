@@ -14,12 +14,42 @@ import vllm_dllm
 from vllm_dllm.serving import compat
 from vllm_dllm.serving.compat import DEFAULT_BLOCK_SIZE, RESERVED_CPU_ENV, V2_RUNNER_ENV, check_vllm_version
 from vllm_dllm.serving.openmp_spin import SMALL_MACHINE_SPIN, SPIN_ENV, WAIT_POLICY_ENV
-from vllm_dllm.serving.server_config import CPU_WORKER_CLS, RESOLVED_KEY, SCHEDULER_CLS, VALIDATOR_CLS
+from vllm_dllm.serving.server_config import CPU_WORKER_CLS, RESOLVED_KEY, SCHEDULER_CLS
+from vllm_dllm.serving.validation import is_validator
 
 
 def engine_config(model_dir, **kwargs):
     args = EngineArgs(model=str(model_dir), max_model_len=256, enforce_eager=True, **kwargs)
     return args.create_engine_config()
+
+
+def _validator(config):
+    """The validator class vLLM loads from the config (`module:Class`, as its loader does)."""
+    import importlib
+
+    (path,) = config.model_config.logits_processors
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def test_each_engine_validates_against_its_own_defaults(tiny_dirs):
+    # vLLM gives validate_params the request alone: two offline engines in one
+    # process (LLaDA and Dream here) must not validate against each other's defaults.
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+
+    vllm_dllm.register()
+    llada = _validator(engine_config(tiny_dirs("llada"), additional_config={"dllm": {"steps": 8}}))
+    dream = _validator(engine_config(tiny_dirs("dream")))
+    again = _validator(engine_config(tiny_dirs("llada"), additional_config={"dllm": {"steps": 8}}))
+    assert llada is not dream and again is llada  # same defaults, same class
+    dream_only = SamplingParams(max_tokens=64, extra_args={"alg": "entropy"})  # Dream: 512 steps by default
+    dream.validate_params(dream_only)
+    with pytest.raises(VLLMValidationError, match="'alg' is a Dream option"):
+        llada.validate_params(dream_only)
+    llada.validate_params(SamplingParams(max_tokens=16, extra_args={"remasking": "random"}))
+    with pytest.raises(VLLMValidationError, match="'remasking' is a LLaDA option"):
+        dream.validate_params(SamplingParams(max_tokens=16, extra_args={"remasking": "random"}))
 
 
 def test_register_is_idempotent_and_adds_only_our_architectures():
@@ -76,7 +106,7 @@ def test_diffusion_models_get_our_worker_scheduler_and_validator(tiny_dirs, arch
     )
     assert config.parallel_config.worker_cls == CPU_WORKER_CLS
     assert config.scheduler_config.scheduler_cls == SCHEDULER_CLS
-    assert VALIDATOR_CLS in config.model_config.logits_processors
+    assert [is_validator(p) for p in config.model_config.logits_processors] == [True]
     assert config.cache_config.enable_prefix_caching is False
     # vLLM's own diffusion path (DiffusionGemma, from 0.33) is for configs with a
     # canvas_length; ours stay out of it.

@@ -35,6 +35,7 @@ from vllm_dllm.options import (
 )
 from vllm_dllm.options.llada2 import unsupported_release
 from vllm_dllm.serving.server_defaults import ServerDefaults
+from vllm_dllm.serving.validation import is_validator, validator_for
 
 logger = init_logger(__name__)
 
@@ -46,7 +47,6 @@ CPU_WORKER_CLS = "vllm_dllm.worker.cpu_worker.DiffusionCPUWorker"
 GPU_WORKER_CLS = "vllm_dllm.worker.gpu_worker.DiffusionGPUWorker"
 DEFAULT_GEN_LENGTH = 128  # the LLaDA reference's default gen_length (see frontend.py)
 
-VALIDATOR_CLS = "vllm_dllm.serving.validation:DiffusionParamsValidator"
 LOGITS_PROCESSOR_PLUGIN_GROUP = "vllm.logits_processors"  # vLLM's LOGITSPROCS_GROUP
 
 ASYNC_SCHEDULING_REFUSAL = (
@@ -59,15 +59,6 @@ ASYNC_SCHEDULING_REFUSAL = (
 # Families whose attention is block-causal (phases.py): the K/V of a prompt's whole
 # blocks depend on those blocks alone, so vLLM may chunk their prefill and cache them.
 BLOCK_CAUSAL_KINDS = (LLADA2,)
-
-# Defaults of the process that built the config; read by the request validator,
-# which vLLM runs in that same process.
-_process_defaults: ServerDefaults | None = None
-
-
-def process_defaults() -> ServerDefaults | None:
-    return _process_defaults
-
 
 def server_defaults(vllm_config) -> ServerDefaults:
     return ServerDefaults.from_dict(vllm_config.additional_config[RESOLVED_KEY])
@@ -141,7 +132,6 @@ class DiffusionConfigHook:
 
     @staticmethod
     def verify_and_update_config(vllm_config) -> None:
-        global _process_defaults
         model_config = vllm_config.model_config
         kind = served_kind(model_config)
         if kind is None:
@@ -160,7 +150,6 @@ class DiffusionConfigHook:
         if defaults.overrides.get("cache") == "sparse" and defaults.sparse_refusal:
             raise OptionError(f"{USER_KEY} 'cache': {defaults.sparse_refusal}")
         additional[RESOLVED_KEY] = defaults.to_dict()
-        _process_defaults = defaults
 
         parallel = vllm_config.parallel_config
         if parallel.pipeline_parallel_size > 1:
@@ -223,7 +212,8 @@ class DiffusionConfigHook:
                 model_config.max_model_len,
             )
             scheduler.max_num_batched_tokens = model_config.max_model_len
-        model_config.logits_processors = [VALIDATOR_CLS]
+        # The request validator, bound to these defaults (validation.py).
+        model_config.logits_processors = [validator_for(defaults)]
 
 
 # The structured-output backends that can leave whitespace out of JSON ("auto" picks
@@ -269,7 +259,7 @@ def _refuse_unsupported_features(vllm_config) -> None:
             "vllm-dllm does not support prompt embeddings (--enable-prompt-embeds): each Refresh "
             "step re-reads the prompt's token ids; send token ids or text"
         )
-    custom = [p for p in vllm_config.model_config.logits_processors or () if p != VALIDATOR_CLS]
+    custom = [p for p in vllm_config.model_config.logits_processors or () if not is_validator(p)]
     if custom:
         # Our runner applies no logits processor: vLLM would run their validation and
         # never their `apply`.

@@ -8,9 +8,20 @@ exception from `LLM.generate`).  The class is a logits processor only in shape: 
 The scheduler resolves the options again at admission (the engine-side second line,
 for requests that bypass this process).  For a streaming request vLLM runs this
 check only after it has sent `200 OK`; frontend.py turns that into a 400.
+
+vLLM hands `validate_params` the request alone, not the engine it is for, so each
+engine names its own validator class: `validator_for(defaults)` registers the
+server defaults the config hook resolved and returns a class path that names them
+by a digest.  Two offline engines with different defaults in one process (a LLaDA
+and a Dream `LLM`) each validate against their own.  The class is made on first
+lookup (the module's `__getattr__`), in whichever process vLLM loads it; where no
+defaults were registered under its digest it validates nothing.
 """
 
 from __future__ import annotations
+
+import hashlib
+import json
 
 import torch
 from vllm.exceptions import VLLMValidationError
@@ -19,7 +30,7 @@ from vllm.sampling_params import RequestOutputKind
 from vllm_dllm.serving.compat import logits_processor_base
 from vllm_dllm.options import OptionError, resolve_params
 from vllm_dllm.options.likelihood import likelihood_request, model_problem
-from vllm_dllm.serving.server_config import process_defaults
+from vllm_dllm.serving.server_defaults import ServerDefaults
 
 # SamplingParams fields vLLM honours for autoregressive models that a masked
 # diffusion step cannot: the request is refused rather than silently changed.
@@ -62,10 +73,27 @@ def _check_likelihood(sampling_params, kind: str) -> None:
         raise VLLMValidationError("'likelihood' is estimated once per request: n must be 1", parameter="n")
 
 
+CLASS_PREFIX = "DiffusionParamsValidator_"
+_REGISTERED: dict[str, ServerDefaults] = {}
+
+
+def validator_for(defaults: ServerDefaults) -> str:
+    """The class path (vLLM's `module:Class`) of the validator bound to `defaults`."""
+    digest = hashlib.sha256(json.dumps(defaults.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+    _REGISTERED[digest] = defaults
+    return f"{__name__}:{CLASS_PREFIX}{digest}"
+
+
+def is_validator(path) -> bool:
+    return isinstance(path, str) and path.startswith(f"{__name__}:{CLASS_PREFIX}")
+
+
 class DiffusionParamsValidator(logits_processor_base()):
+    digest: str | None = None  # set on each engine's subclass (validator_for)
+
     @classmethod
     def validate_params(cls, sampling_params) -> None:
-        defaults = process_defaults()
+        defaults = _REGISTERED.get(cls.digest)
         if defaults is None:
             return
         for name, is_set in _UNSUPPORTED.items():
@@ -93,3 +121,12 @@ class DiffusionParamsValidator(logits_processor_base()):
 
     def update_state(self, batch_update) -> None:
         return None
+
+
+def __getattr__(name: str):
+    """`DiffusionParamsValidator_<digest>`: the validator subclass for those defaults."""
+    if not name.startswith(CLASS_PREFIX):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    cls = type(name, (DiffusionParamsValidator,), {"digest": name[len(CLASS_PREFIX):], "__module__": __name__})
+    globals()[name] = cls
+    return cls
