@@ -141,11 +141,12 @@ def summarize(wall_start: float, wall_end: float, tokens: int, stats: dict, num_
     return {
         "wall_s": wall,
         "committed_tokens": tokens,
-        "steps": n,
+        "steps": n,  # engine calls
+        "forwards": sum(s["forward_calls"] for s in steps),  # denoising steps (and prefill chunks)
         "empty_steps": stats["empty_steps"],
         "batch_size_min": min((s["batch"] for s in steps), default=0),
         "batch_size_max": max((s["batch"] for s in steps), default=0),
-        "denoising_steps": sum(s["batch"] for s in steps),
+        "denoising_steps": sum(s["batch"] * s["forward_calls"] for s in steps),
         "ms_per_step": per(wall),
         "runner_ms_per_step": per(execute),
         "forward_ms_per_step": per(forward),

@@ -20,6 +20,8 @@ the rest: for the plugin the step engine's layout, inputs, decoding rule and LM 
 plus vLLM's scheduler and output processing; for the plain loop its softmax, argmax and
 top-k.  The plain loop's forward ends in its LM head over the step's queries; the
 plugin's LM head runs over the masked candidates only and is counted in its rest.
+Steps are denoising steps (forwards); the plugin runs several in one engine call
+(the server's `max_steps_per_call`, default 8; `--max-steps-per-call` sets it here).
 The summary's last figure is what the plugin / plain ratio would be if the plugin's
 generate were its forwards alone: the most any cut of the engine loop can reach.
 """
@@ -47,6 +49,8 @@ def main(argv=None) -> int:
     ap.add_argument("--order", default="length", choices=("length", "arrival"),
                     help="the plain loop's batches: prompts sorted by length (its least padding) or as they come")
     ap.add_argument("--seed", type=int, default=0, help="which held-out prompts (engine_overhead.build_prompts)")
+    ap.add_argument("--max-steps-per-call", type=int, default=None,
+                    help="the plugin's denoising steps per engine call (default: the server's)")
     args = ap.parse_args(argv)
     if min(args.rounds, args.per_round, args.num_requests, args.batch) < 1:
         ap.error("--rounds, --per-round, --num-requests and --batch must be at least 1")
@@ -77,7 +81,9 @@ def measure(args) -> dict:
     llm = LLM(model=str(PATH), dtype=args.dtype, max_model_len=512, max_num_seqs=max(len(prompts), 32),
               max_num_batched_tokens=max(2048, refresh_tokens),
               kv_cache_memory_bytes=256 << 20, gpu_memory_utilization=0.3, enforce_eager=True, seed=0,
-              worker_extension_cls="worker_timing.TimingExtension")
+              worker_extension_cls="worker_timing.TimingExtension",
+              additional_config=({"dllm": {"max_steps_per_call": args.max_steps_per_call}}
+                                 if args.max_steps_per_call is not None else {}))
     info = llm.collective_rpc("dllm_bench_install")[0]
     params = SamplingParams(max_tokens=eo.CANVAS, temperature=0.0, ignore_eos=True, extra_args=dict(eo.XARGS))
     inputs = [{"prompt_token_ids": p} for p in prompts]
@@ -90,8 +96,8 @@ def measure(args) -> dict:
         end = time.perf_counter()
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
         run = eo.summarize(start, end, tokens, llm.collective_rpc("dllm_bench_stats")[0], len(prompts), eo.CANVAS)
-        return {"wall_s": run["wall_s"], "steps": run["steps"], "tokens": run["committed_tokens"],
-                "breakdown_ms": run["breakdown_ms"]}
+        return {"wall_s": run["wall_s"], "steps": run["forwards"], "calls": run["steps"],
+                "tokens": run["committed_tokens"], "breakdown_ms": run["breakdown_ms"]}
 
     def plain_once() -> dict:
         plain.forward_s, plain.forward_calls = 0.0, 0
@@ -103,7 +109,7 @@ def measure(args) -> dict:
                 assert not bool((canvas == plain.mask_id).any()), "a canvas position was left masked"
                 tokens += canvas.numel()
         wall = time.perf_counter() - start
-        return {"wall_s": wall, "steps": plain.forward_calls, "tokens": tokens,
+        return {"wall_s": wall, "steps": plain.forward_calls, "calls": plain.forward_calls, "tokens": tokens,
                 "breakdown_ms": {"forward": 1e3 * plain.forward_s}}
 
     plugin_once(), plain_once()  # warm-up
@@ -115,7 +121,8 @@ def measure(args) -> dict:
         "workload": {"num_requests": len(prompts), "plain_batch": batch, "plain_order": args.order,
                      "prompt_tokens": [len(p) for p in prompts],
                      "tasks": {t: tasks.count(t) for t in sorted(set(tasks))}, "canvas": eo.CANVAS,
-                     "xargs": eo.XARGS, "dtype": args.dtype, "rounds": args.rounds, "per_round": args.per_round},
+                     "xargs": eo.XARGS, "dtype": args.dtype, "max_steps_per_call": args.max_steps_per_call,
+                     "rounds": args.rounds, "per_round": args.per_round},
         "torch_threads": torch.get_num_threads(),
         "worker": {k: info[k] for k in ("torch_num_threads", "worker_cpus_allowed", "omp_env")},
         "cpu": cpu_model(),
@@ -151,7 +158,7 @@ def side(runs: list[dict], parts: tuple[str, ...]) -> dict:
         values = sorted(values)
         return values[len(values) // 2]
 
-    out = {"steps": median(r["steps"] for r in runs), "tokens_per_s": median(r["tokens"] / r["wall_s"] for r in runs),
+    out = {"steps": median(r["steps"] for r in runs), "calls": median(r["calls"] for r in runs), "tokens_per_s": median(r["tokens"] / r["wall_s"] for r in runs),
            "wall_ms": median(1e3 * r["wall_s"] for r in runs)}
     for part in parts:
         out[f"{part}_ms"] = median(r["breakdown_ms"][part] for r in runs)
@@ -179,11 +186,13 @@ def table(result: dict) -> str:
         f"{result['cpu']}, {w['dtype']}, {requests} request(s) at once, {w['rounds']} rounds x {w['per_round']} "
         "generates per side alternating in one process; medians per generate",
         "",
-        "| side | tok/s | steps | ms | forward ms | rest ms | forward ms/step | rest ms/step |",
-        "|---|---|---|---|---|---|---|---|",
+        "| side | tok/s | steps | engine calls | ms | forward ms | rest ms | forward ms/step | rest ms/step |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, s in rows:
-        lines.append(f"| {name} | {s['tokens_per_s']:.0f} | {s['steps']} | {s['wall_ms']:.1f} | {s['forward_ms']:.1f} "
+        calls = s["calls"] if name == "plugin" else "-"
+        lines.append(f"| {name} | {s['tokens_per_s']:.0f} | {s['steps']} | {calls} | {s['wall_ms']:.1f} "
+                     f"| {s['forward_ms']:.1f} "
                      f"| {s['rest_ms']:.1f} | {s['forward_ms'] / s['steps']:.2f} | {s['rest_ms'] / s['steps']:.2f} |")
     lines += [
         "",
@@ -192,7 +201,7 @@ def table(result: dict) -> str:
         f"generate were its forwards alone: {plain['wall_ms'] / plugin['forward_ms']:.2f}x",
         "",
         "The plugin's rest, ms per generate: the runner outside the forward (layout, inputs, decoding rule, LM head) "
-        f"{plugin['runner_other_ms']:.1f}, between steps (vLLM's scheduler and output processing) "
+        f"{plugin['runner_other_ms']:.1f}, between engine calls (vLLM's scheduler and output processing) "
         f"{plugin['between_steps_ms']:.1f}, before the first and after the last step "
         f"{plugin['head_ms'] + plugin['tail_ms']:.1f}.",
         "",

@@ -320,12 +320,14 @@ def test_preempted_mid_block_resumes_with_the_same_tokens(tiny_dirs, monkeypatch
     model_dir = tiny_dirs("llada2")
     ids = json.loads((Path(model_dir) / "generation_config.json").read_text())
     # The engine core in this process: one core step per engine.step(), so "mid-block"
-    # is a number of steps (a separate core runs ahead of the client, and with token
+    # is a number of calls (a separate core runs ahead of the client, and with token
     # editing a block's steps stream nothing until it ends).
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     # One 128-token CPU block per request (2 layers x 1 KV head of 64, float32: 128 KiB)
     # and a pool of two, one of them vLLM's null block: one request holds KV at a time.
-    llm = make_engine(model_dir, scheduling_policy="priority", max_model_len=128, kv_cache_memory_bytes=2 * 131072)
+    # One denoising step per call, so that a number of calls is a number of steps.
+    llm = make_engine(model_dir, scheduling_policy="priority", max_model_len=128, kv_cache_memory_bytes=2 * 131072,
+                      additional_config={"dllm": {"max_steps_per_call": 1}})
     engine = llm.llm_engine
     rng = random.Random(23)
     oracle = load_llada2_oracle(model_dir)

@@ -48,19 +48,21 @@ def query_tokens(runner) -> float:
 
 
 def run(runner, prompts, cases) -> tuple[list[list[int]], int]:
-    """Outputs of the requests run together, and the engine steps they took."""
+    """Outputs of the requests run together, and the forwards they took: an engine
+    step runs a prefill chunk, or a call of denoising steps (counted by the metrics)."""
     order = []
     for prompt, case in zip(prompts, cases):
         order.append(f"prefill-{runner._next_id}")
         runner._next_id += 1
         runner.engine.add_request(order[-1], {"prompt_token_ids": prompt}, case.params())
-    done, steps = {}, 0
+    done, forwards = {}, 0
     while runner.engine.has_unfinished_requests():
-        steps += 1
+        before = runner._steps()
         for out in runner.engine.step():
             if out.finished:
                 done[out.request_id] = list(out.outputs[0].token_ids)
-    return [done[req_id] for req_id in order], steps
+        forwards += max(int(runner._steps() - before), 1)
+    return [done[req_id] for req_id in order], forwards
 
 
 def reference(model_dir, case: Case, prompt: list[int]):

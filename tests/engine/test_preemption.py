@@ -19,7 +19,9 @@ def test_preempted_request_resumes_and_matches_unpreempted(tiny_dirs, cache):
     model_dir = tiny_dirs("llada")
     # One 128-token CPU block per request and a pool of two blocks, one of which is
     # vLLM's null block: exactly one request holds KV at a time.
-    llm = make_engine(model_dir, scheduling_policy="priority", max_model_len=128, kv_cache_memory_bytes=2 * 262144)
+    # Calls of two denoising steps: a call ends mid-block, where the newcomer preempts.
+    llm = make_engine(model_dir, scheduling_policy="priority", max_model_len=128, kv_cache_memory_bytes=2 * 262144,
+                      additional_config={"dllm": {"max_steps_per_call": 2}})
     engine = llm.llm_engine
     rng = random.Random(11)
     low_prompt, high_prompt = random_prompt(rng, 12), random_prompt(rng, 7)
@@ -29,7 +31,7 @@ def test_preempted_request_resumes_and_matches_unpreempted(tiny_dirs, cache):
     try:
         engine.add_request("low", {"prompt_token_ids": low_prompt}, low, priority=5)
         streamed = 0
-        for _ in range(6):  # "low" runs 6 of its 32 steps, streaming its first block
+        for _ in range(6):  # "low" runs 12 of its 32 steps, streaming its first block
             for out in engine.step():
                 streamed = len(out.outputs[0].token_ids)
         assert 0 < streamed < 32

@@ -84,9 +84,10 @@ def test_metrics_count_one_request(server, client, tokenizer):
         "vllm:diffusion_num_refresh_steps_total": 16,
         "vllm:diffusion_num_reuse_steps_total": 0,
         "vllm:diffusion_num_delayed_steps_total": 0,  # alone, it never waits for budget
-        "vllm:diffusion_scheduled_query_tokens_per_step_count": 16,
+        # Per engine step: a call of a block's 8 denoising steps (max_steps_per_call 8).
+        "vllm:diffusion_scheduled_query_tokens_per_step_count": 2,
         "vllm:diffusion_scheduled_query_tokens_per_step_sum": 16 * (prompt_len + 16),
-        "vllm:diffusion_logits_rows_per_step_count": 16,
+        "vllm:diffusion_logits_rows_per_step_count": 2,
         # Masked positions of the current block only: 8 + 7 + ... + 1 per block, two blocks.
         "vllm:diffusion_logits_rows_per_step_sum": 2 * sum(range(1, 9)),
     }

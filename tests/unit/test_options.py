@@ -17,7 +17,7 @@ from vllm_dllm.options import (
     OptionError,
     sequence_copies,
 )
-from vllm_dllm.serving.server_defaults import DEFAULT_MAX_NUM_LOGITS, ServerDefaults
+from vllm_dllm.serving.server_defaults import DEFAULT_MAX_NUM_LOGITS, DEFAULT_MAX_STEPS_PER_CALL, ServerDefaults
 
 
 # ---------------------------------------------------------------------------
@@ -288,6 +288,24 @@ def test_max_num_logits_not_a_request_option():
 
 def test_max_num_logits_ignored_in_generation_config():
     assert llada({"max_num_logits": 3}).max_num_logits == DEFAULT_MAX_NUM_LOGITS
+
+
+def test_max_steps_per_call_default_set_and_carried():
+    assert llada().max_steps_per_call == DEFAULT_MAX_STEPS_PER_CALL
+    one = llada(server={"max_steps_per_call": 1})
+    assert one.max_steps_per_call == 1
+    assert ServerDefaults.from_dict(one.to_dict()).max_steps_per_call == 1
+
+
+@pytest.mark.parametrize("bad", [0, -2, True, "4", 4.0, None])
+def test_max_steps_per_call_validated(bad):
+    with pytest.raises(OptionError, match="max_steps_per_call"):
+        ServerDefaults.build(LLADA, {}, {"max_steps_per_call": bad})
+
+
+def test_max_steps_per_call_not_a_request_option():
+    with pytest.raises(OptionError, match="max_steps_per_call"):
+        res(llada(), {"max_steps_per_call": 2})
 
 
 # ---------------------------------------------------------------------------

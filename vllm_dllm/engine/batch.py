@@ -21,6 +21,10 @@ from vllm_dllm.engine.step_inputs import to_device
 from vllm_dllm.options import CACHE_POLICIES, DecodeOptions, sequence_copies
 from vllm_dllm.phases import is_block_causal, query_lead
 
+# Stop tokens a request's slot holds (EOS and stop_token_ids): a call of several
+# steps ends once every request in it has streamed one.  A request with more simply
+# never ends a call early (its stops are still vLLM's to find).
+STOP_SLOTS = 8
 
 class RequestBatch:
     """Request slots and their state; slots double when a request finds none free."""
@@ -58,6 +62,7 @@ class RequestBatch:
         self.copies = np.ones(capacity, dtype=np.int64)
         self.evicted = np.zeros(capacity, dtype=bool)  # its cache was freed by preemption
         self.snapshot = torch.zeros_like(self.decode.canvas)  # canvas of each request's last Refresh
+        self.stop_ids = torch.full((capacity, STOP_SLOTS), -1, dtype=torch.long, device=device)
         self.logprobs = LogprobStore(capacity, max_model_len, max_logprobs, device)
         self.prompt_scorer = PromptScorer(capacity)
         self.elbo_scorer = ElboScorer()
@@ -81,13 +86,14 @@ class RequestBatch:
     def add(
         self, req_id: str, prompt: list[int], options: DecodeOptions, seed: int, block_ids: list[int],
         prefilled: int = 0, logprobs: int | None = None, prompt_logprobs: int | None = None,
-        likelihood: ElboTask | None = None,
+        likelihood: ElboTask | None = None, stop_ids: tuple[int, ...] = (),
     ) -> None:
         """A new request; `prefilled`: leading positions whose K/V its blocks already
         hold (a block-causal request's prefix cache hit); `logprobs`: top entries per
         token it wants logprobs with (None: no logprobs); `prompt_logprobs`: the same
         for its prompt's tokens (scored in its first step); `likelihood`: the ELBO of its
-        prompt's continuation to estimate in its first step."""
+        prompt's continuation to estimate in its first step; `stop_ids`: the tokens
+        that finish it (vLLM's EOS and stop_token_ids)."""
         if req_id in self.slots:
             raise ValueError(f"request {req_id} is already in the batch")
         if not self._free:
@@ -110,6 +116,9 @@ class RequestBatch:
         self.prompt_tokens[slot, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
         self.prompt_len[slot] = len(prompt)
         self.decode.admit(slot, options, seed)
+        self.stop_ids[slot] = -1
+        if len(stop_ids) <= STOP_SLOTS:
+            self.stop_ids[slot, : len(stop_ids)] = torch.tensor(list(stop_ids), dtype=torch.long)
         self.rule.admit(slot, options)
         self.logprobs.admit(slot, logprobs)
         self.prompt_scorer.admit(slot, prompt_logprobs, options.block_length if is_block_causal(options) else 0)

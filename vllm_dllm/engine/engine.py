@@ -47,6 +47,8 @@ class StepOutput:
     logits_rows: int  # LM-head rows this step computed
     progress: list[tuple[int, int]]  # per scheduled request: (block, step in block) of its next step
     edits: int = 0  # committed tokens the step rewrote (token editing)
+    steps: int = 1  # denoising steps the call ran
+    query_tokens: int = 0  # query tokens its forwards ran
     # For the requests that asked for logprobs, a row per new token, in request
     # order: (token ids [T, k + 1], logprobs [T, k + 1], ranks [T]) and each
     # request's first row (requests that did not ask take no rows).
@@ -127,17 +129,23 @@ class StepEngine(RequestBatch):
         return batch_layout(self.host, self.sparse, self.evicted, self.copies, slots)
 
     @torch.inference_mode()
-    def step(self, req_ids: list[str], planned_tokens: list[int] | None = None) -> StepOutput:
-        """One denoising step of the requests `req_ids`.
+    def step(self, req_ids: list[str], planned_tokens: list[int] | None = None, steps: int = 1) -> StepOutput:
+        """Denoising steps of the requests `req_ids`: one, or up to `steps` while every
+        request stays in its active block (the scheduler's steps_in_call: the steps
+        after the first repeat one phase, laid out once).  Tokens come back once, at
+        the end.
 
         `planned_tokens`, when given, is what the scheduler priced each request's
-        step at; a mismatch means scheduler and engine disagree on the phase.
+        call at; a mismatch means scheduler and engine disagree on the phases.
         """
         slots_host = np.array([self.slots[r] for r in req_ids], dtype=np.int64)
         batch = self.layout(slots_host)
         prompt_len = self.host.prompt_len[slots_host]
         tokens = (batch.tokens + self.prompt_scorer.step_tokens(slots_host, prompt_len)
                   + self.elbo_scorer.step_tokens(slots_host, prompt_len))
+        later = self._later_layout(req_ids, slots_host, batch, steps) if steps > 1 else None
+        if later is not None:
+            tokens = tokens + (steps - 1) * later.tokens
         if planned_tokens is not None:
             planned = np.array(planned_tokens, dtype=np.int64)
             if not np.array_equal(planned, tokens):
@@ -146,18 +154,7 @@ class StepEngine(RequestBatch):
                     "scheduler and engine disagree on query tokens: "
                     + ", ".join(f"{req_ids[i]} planned {planned_tokens[i]}, step has {int(tokens[i])}" for i in bad)
                 )
-        inputs = build_step_inputs(
-            batch.sequences,
-            prompt_tokens=self.prompt_tokens,
-            prompt_len=self.prompt_len,
-            canvas=self.decode.canvas,
-            block_table=self.block_table,
-            block_size=self.block_size,
-            mask_id=self.ids.mask,
-            backend=self.backend,
-            fill=batch.fill,
-            snapshot=self.snapshot,
-        )
+        inputs = self._inputs(batch)
         self._keep_snapshots(slots_host, batch)
         hidden = self._forward(batch, inputs)
 
@@ -171,12 +168,19 @@ class StepEngine(RequestBatch):
         new_tokens: list[list[int]] = [[] for _ in req_ids]
         starts = np.zeros(len(req_ids), dtype=np.int64)
         logits_rows = edits = 0
+        ran = 1
         if len(decoding):
-            report = self._denoise(slots_host[decoding], batch.request_seq[decoding], batch.twin_seq[decoding],
-                                   batch.has_twins, hidden, inputs)
+            slots_dec = slots_host[decoding]
+            slots = to_device(slots_dec, self.device)
+            width = int(h.gen_length[slots_dec].max())
+            tally = self._denoise(slots_dec, slots, width, batch.request_seq[decoding], batch.twin_seq[decoding],
+                                  batch.has_twins, hidden, inputs)
+            if later is not None:
+                ran, tally = self._run_later_steps(slots_host, slots, width, later, steps, tally)
+            report = self._report(slots, width, tally)
             progress = report[:, 2:4].numpy()
-            h.block[slots_host[decoding]], h.block_step[slots_host[decoding]] = progress[:, 0], progress[:, 1]
-            copies = self.copies[slots_host[decoding]].tolist()
+            h.block[slots_dec], h.block_step[slots_dec] = progress[:, 0], progress[:, 1]
+            copies = self.copies[slots_dec].tolist()
             for index, row, n in zip(decoding.tolist(), report.tolist(), copies):
                 req_id = req_ids[index]
                 start, end = self.emitted[req_id], row[0]
@@ -187,7 +191,8 @@ class StepEngine(RequestBatch):
                 edits += row[4]
         progress = np.stack([h.block[slots_host], h.block_step[slots_host]], axis=1)
         output = StepOutput(new_tokens=new_tokens, logits_rows=logits_rows,
-                            progress=[tuple(p) for p in progress.tolist()], edits=edits)
+                            progress=[tuple(p) for p in progress.tolist()], edits=edits, steps=ran,
+                            query_tokens=int(batch.tokens.sum() + (ran - 1) * (later.tokens.sum() if later else 0)))
         self._masks = None
         self._take_logprobs(slots_host, starts, output)
         if self.prompt_scorer.asks(slots_host) or self.elbo_scorer.tasks:
@@ -199,6 +204,74 @@ class StepEngine(RequestBatch):
                 if new and req_id in self.prompt_scorer.pending:
                     output.prompt_logprobs[req_id] = self.prompt_scorer.take(req_id)
         return output
+
+    def _later_layout(self, req_ids, slots_host: np.ndarray, batch: BatchLayout, steps: int) -> BatchLayout:
+        """The layout of a call's steps after the first: every request one step on in
+        its block, its cache filled.  A step that must run alone (a grammar's masks,
+        prompt scoring, a prefill chunk or a cache rebuild) cannot start a call."""
+        alone = [
+            name for name, present in (
+                ("structured outputs", self._masks is not None),
+                ("prompt scoring", self.prompt_scorer.asks(slots_host) or self.elbo_scorer.asks(slots_host)),
+                ("a prefill chunk", not batch.decodes.all()),
+                ("a cache rebuild", batch.rebuild.any()),
+            ) if present
+        ]
+        if alone:
+            raise RuntimeError(f"a call of {steps} steps for {', '.join(req_ids)}: {', '.join(alone)} runs one step")
+        host = dataclasses.replace(self.host, block_step=self.host.block_step.copy(),
+                                   has_cache=self.host.has_cache.copy())
+        host.block_step[slots_host] += 1
+        host.has_cache[slots_host] = True
+        evicted = self.evicted.copy()
+        evicted[slots_host] = False  # the first step refreshes an evicted cache
+        return batch_layout(host, self.sparse, evicted, self.copies, slots_host)
+
+    def _run_later_steps(self, slots_host, slots, width, later: BatchLayout, steps: int, tally):
+        """Steps 2..`steps` of a call over one layout, while `_goes_on`.  Returns the
+        steps run and the summed tally."""
+        start_block = to_device(self.host.block[slots_host], self.device)
+        inputs = None
+        ran = 1
+        for _ in range(1, steps):
+            if not self._goes_on(slots, width, start_block):
+                break
+            if inputs is None:
+                inputs = self._inputs(later)
+            else:
+                inputs.read_tokens(self.decode.canvas)
+            hidden = self._forward(later, inputs)
+            step_tally = self._denoise(slots_host, slots, width, later.request_seq, later.twin_seq, later.has_twins,
+                                       hidden, inputs)
+            tally = tally + step_tally
+            ran += 1
+        return ran, tally
+
+    def _goes_on(self, slots, width: int, start_block: torch.Tensor) -> bool:
+        """Whether a call runs another step (one sync): not once a request's block has
+        ended (a parallel decoding rule; its next step is laid out anew), nor once
+        every request has streamed what finishes it (its last token, or a stop token
+        among its final ones: vLLM ends it at the end of the call)."""
+        decode = self.decode
+        final = self.rule.num_final(slots, width)
+        columns = torch.arange(width, device=slots.device)
+        stops = (decode.canvas[slots, :width, None] == self.stop_ids[slots, None, :]).any(dim=2)
+        finished = (stops & (columns < final[:, None])).any(dim=1) | (final >= decode.output_length[slots])
+        return bool(((decode.block[slots] == start_block).all() & ~finished.all()).item())
+
+    def _inputs(self, batch: BatchLayout):
+        return build_step_inputs(
+            batch.sequences,
+            prompt_tokens=self.prompt_tokens,
+            prompt_len=self.prompt_len,
+            canvas=self.decode.canvas,
+            block_table=self.block_table,
+            block_size=self.block_size,
+            mask_id=self.ids.mask,
+            backend=self.backend,
+            fill=batch.fill,
+            snapshot=self.snapshot,
+        )
 
     def _scoring_context(self) -> ScoringContext:
         return ScoringContext(
@@ -220,12 +293,9 @@ class StepEngine(RequestBatch):
         output.logprobs = self.logprobs.take(slots_host[asking], starts[asking], starts[asking] + counts[asking])
         output.logprobs_start = np.concatenate([[0], np.cumsum(np.where(asking, counts, 0))[:-1]]).tolist()
 
-    def _denoise(self, slots_host, request_seq, twin_seq, has_twins, hidden, inputs) -> torch.Tensor:
+    def _denoise(self, slots_host, slots, width, request_seq, twin_seq, has_twins, hidden, inputs) -> torch.Tensor:
         """The rule's step for the requests in `slots_host` (their sequences' rows of
-        `hidden`), and its report: per request the count of final tokens, its
-        candidates, its (block, step in block), its edits, then its canvas."""
-        width = int(self.host.gen_length[slots_host].max())
-        slots = to_device(slots_host, self.device)
+        `hidden`), and its tally per request: [candidates, edits]."""
         seqs = to_device(np.stack([request_seq, twin_seq]), self.device)
         logprobs_k = self.logprobs.step_width(slots_host)
         collector = (LogprobsCollector(logprobs_k, self.device, self.lm_head.vocab)
@@ -235,17 +305,22 @@ class StepEngine(RequestBatch):
             slots_host, slots, width,
             lambda rows, positions: self._reduce(hidden, inputs, seqs, has_twins, slots, rows, positions, collector),
         )
-        decode = self.decode
         if collector is not None:
             # Every position whose token this step wrote (a commit or an edit) keeps
             # the logprob row of this step.
-            written = decode.canvas[slots[done.rows], done.positions] != before[done.rows, done.positions]
+            written = self.decode.canvas[slots[done.rows], done.positions] != before[done.rows, done.positions]
             self.logprobs.record(slots_host, done.rows, done.positions, written, collector.result())
+        return torch.stack([done.plan.candidates.sum(dim=1), self.rule.edits(slots)], dim=1)
+
+    def _report(self, slots, width: int, tally: torch.Tensor) -> torch.Tensor:
+        """Per request: the count of final tokens, the call's candidates, its (block,
+        step in block), its edits, then its canvas."""
+        decode = self.decode
         final = self.rule.num_final(slots, width)
         return torch.cat(
-            [final[:, None], done.plan.candidates.sum(dim=1)[:, None], decode.block[slots, None],
-             decode.block_step[slots, None], self.rule.edits(slots)[:, None], decode.canvas[slots, :width]], dim=1,
-        ).to("cpu")  # the step's second sync: everything the host needs, in one copy
+            [final[:, None], tally[:, :1], decode.block[slots, None], decode.block_step[slots, None], tally[:, 1:],
+             decode.canvas[slots, :width]], dim=1,
+        ).to("cpu")  # the call's last sync: everything the host needs, in one copy
 
     def _keep_snapshots(self, slots_host: np.ndarray, batch: BatchLayout) -> None:
         """The canvas a cached request's Refresh runs on: what its cache holds until

@@ -85,6 +85,10 @@ class ElboScorer:
     def release(self, slot: int) -> None:
         self.tasks.pop(slot, None)
 
+    def asks(self, slots_host: np.ndarray) -> bool:
+        """Whether a request of the step waits for its estimate."""
+        return bool(self.tasks) and any(int(s) in self.tasks for s in slots_host.tolist())
+
     def step_tokens(self, slots_host: np.ndarray, prompt_len: np.ndarray) -> np.ndarray:
         if not self.tasks:
             return np.zeros(len(slots_host), dtype=np.int64)

@@ -83,6 +83,15 @@ class StepInputs:
     metadata: AttentionMetadata
     query_start_loc: torch.Tensor  # int64 [S + 1], device
     query_start: torch.Tensor  # first query position per sequence, device
+    # Where each row's token comes from: (from the prompt?, the prompt's token, the
+    # canvas row and column), so a later step of the same layout rereads the canvas.
+    token_source: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def read_tokens(self, canvas: torch.Tensor) -> None:
+        """The input ids of the same layout over the canvas as it is now (in place: a
+        captured graph reads the same buffer)."""
+        in_prompt, from_prompt, row_slot, canvas_index = self.token_source
+        self.input_ids.copy_(torch.where(in_prompt, from_prompt, canvas[row_slot, canvas_index]))
 
 
 def build_step_inputs(
@@ -145,7 +154,8 @@ def build_step_inputs(
             layout.take(slice(pooled, None)), fill, host_cu[pooled:] - rows, host_query_seq[rows:] - pooled,
             host_query_row[rows:], tables[pooled:], rows, block_size, backend,
         )
-    return StepInputs(input_ids, positions, metadata, cu, query_start)
+    return StepInputs(input_ids, positions, metadata, cu, query_start,
+                      token_source=(in_prompt, from_prompt, row_slot, canvas_index))
 
 
 def _metadata(layout: SequenceLayout, cu: torch.Tensor, query_seq: np.ndarray, query_row: np.ndarray,

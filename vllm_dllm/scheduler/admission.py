@@ -77,7 +77,8 @@ def price_request(params, prompt_len: int, defaults, limits: Limits) -> RequestT
     blocks = -(-slots // limits.block_size)
     if blocks > limits.pool_blocks:
         return f"request needs {blocks} KV blocks, the whole pool has {limits.pool_blocks}"
-    return RequestTrack(options, prompt_len, blocks, chunk=chunk, scoring=scoring)
+    scores = params.prompt_logprobs is not None or bool(scoring)
+    return RequestTrack(options, prompt_len, blocks, chunk=chunk, scoring=scoring, scores=scores)
 
 
 def _scoring_tokens(params, prompt_len: int, options: DecodeOptions, step_tokens: int, defaults: ServerSettings,

@@ -44,6 +44,7 @@ class DiffusionSchedulerOutput(SchedulerOutput):
 
     options: dict[str, DecodeOptions] = field(default_factory=dict)
     grammar: GrammarStep | None = None
+    steps: int = 1  # denoising steps the call runs (scheduler/track.py steps_in_call)
 
 
 class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
@@ -225,6 +226,11 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             if self.log_stats:
                 request.record_event(EngineCoreEventType.SCHEDULED, now)
             new_reqs.append(new_request_data(request, self.kv_cache_manager.get_blocks(req_id).get_block_ids()))
+        grammar = self._structured.plan([self.requests[r] for r in plan.num_tokens], self._costs)
+        steps = self._steps_in_call(plan, waiting, grammar)
+        if steps > 1:
+            for req_id in plan.num_tokens:
+                plan.num_tokens[req_id] = self._costs[req_id].call_tokens(steps)
         running = [self.requests[req_id] for req_id in plan.scheduled]
         cached = cached_request_data(
             list(plan.scheduled),
@@ -244,11 +250,33 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             finished_req_ids=self.finished_req_ids,
             free_encoder_mm_hashes=[],
             preempted_req_ids=self.reset_preempted_req_ids,
-            grammar=self._structured.plan([self.requests[r] for r in plan.num_tokens], self._costs),
+            grammar=grammar,
+            steps=steps,
         )
         self.finished_req_ids = set()
         self.reset_preempted_req_ids = set()
         return output
+
+    def _steps_in_call(self, plan, waiting: list[Request], grammar: GrammarStep | None) -> int:
+        """Denoising steps the engine call runs: one while a grammar steers the step
+        or a waiting request could be admitted at the next step (it waits at most one
+        call); else as many as every scheduled request allows (track.steps_in_call),
+        up to the server's `max_steps_per_call`."""
+        limit = self.defaults.max_steps_per_call
+        if limit <= 1 or not plan.num_tokens or grammar is not None or self._admissible(plan, waiting):
+            return 1
+        return min(self._costs[req_id].steps_in_call(limit) for req_id in plan.num_tokens)
+
+    def _admissible(self, plan, waiting: list[Request]) -> bool:
+        """Whether a request left waiting could start once this step's budget frees:
+        a free sequence and the KV blocks for it (no Reuse step frees either)."""
+        left = [r for r in waiting if r.request_id not in plan.num_tokens]
+        if not left or (self.admission == "static" and self.running):
+            return False
+        if len(self.running) >= self.max_num_running_reqs:
+            return False
+        free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+        return self._costs[left[0].request_id].blocks <= free
 
     def update_from_output(self, scheduler_output, model_runner_output):
         returned = self._structured.validate(model_runner_output, self.requests, self._costs) if self._costs else 0
@@ -292,14 +320,14 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
             del self._likelihoods[req_id]  # finished, or aborted
 
     def _measure_step(self, scheduler_output, model_runner_output) -> StepStats | None:
-        """Advance each scheduled request's step and count what the step did."""
+        """Advance each scheduled request past the call and count what its steps did."""
         scheduled = scheduler_output.num_scheduled_tokens
         if not scheduled:
             return None
+        ran = getattr(model_runner_output, "steps", 1)  # steps the call ran (a block may end it early)
         stats = StepStats(
-            denoising_steps=len(scheduled),
             committed_tokens=sum(len(tokens) for tokens in model_runner_output.sampled_token_ids),
-            query_tokens=scheduler_output.total_num_scheduled_tokens,
+            query_tokens=getattr(model_runner_output, "query_tokens", 0) or scheduler_output.total_num_scheduled_tokens,
             logits_rows=getattr(model_runner_output, "logits_rows", 0),
             delayed_steps=self._delayed,
             edited_tokens=getattr(model_runner_output, "edits", 0),
@@ -312,15 +340,15 @@ class DiffusionScheduler(ComputedTokensAccounting, Scheduler):
                 continue
             phase = track.phase()
             if not phase.decodes:  # a prefill chunk: K/V only, no denoising
-                stats.denoising_steps -= 1
                 track.advance(phase, None)
                 self._offer_to_prefix_cache(req_id, track)
                 continue
-            stats.canvas_positions += track.canvas
-            if phase.refresh:
-                stats.refresh_steps += 1
-            else:
-                stats.reuse_steps += 1
+            stats.denoising_steps += ran
+            stats.canvas_positions += track.canvas * ran
+            later = track.later_phase() if ran > 1 else None
+            refreshes = phase.refresh + (ran - 1) * bool(later and later.refresh)
+            stats.refresh_steps += refreshes
+            stats.reuse_steps += ran - refreshes
             stats.cache_rebuilds += track.needs_rebuild
             index = rows.get(req_id)
             block = track.block

@@ -25,6 +25,7 @@ class RequestTrack:
     chunk: int = 0  # block-causal: the server's prefill chunk (phases.block_causal_phase)
     cached: int = 0  # block-causal: positions offered to vLLM's prefix cache so far
     scoring: int = 0  # query tokens of its prompt_logprobs copies and ELBO samples, run with its first step
+    scores: bool = False  # its first step scores its prompt (even with no tokens: a one-token prompt)
     # Structured outputs (scheduler/completion.py): tokens its grammar needs to complete
     # the document from the accepted prefix (None: not worked out yet), and whether
     # the canvas was found too short for any document, and whether to complete it
@@ -63,6 +64,41 @@ class RequestTrack:
         the last Refresh's canvas (phases.py)."""
         return self.evicted and not self.phase().refresh
 
+    def steps_in_call(self, limit: int) -> int:
+        """How many of its next steps one engine call may run (at most `limit`): the
+        first, then steps of the same block that repeat one phase (the engine lays
+        them out once), each no larger than the first.  A step that scores its prompt,
+        prefills or rebuilds a cache runs alone.  A parallel decoding rule may end the
+        block sooner: the engine then stops the call there."""
+        first = self.phase()
+        if limit <= 1 or self.scores or self.scoring or self.needs_rebuild or not first.decodes:
+            return 1
+        later = self.later_phase()
+        if later.refresh and getattr(self.options, "cache", "none") != "none":
+            return 1  # a Refresh that fills a cache (or keeps its canvas) runs alone
+        if later.num_queries > first.num_queries:
+            return 1
+        steps = 1
+        while steps < limit and self.block_step + steps < self.steps_per_block:
+            if self._phase_at(self.block_step + steps) != later:
+                break
+            steps += 1
+        return steps
+
+    def later_phase(self) -> StepPhase:
+        """The phase of the step after the next one, in the same block."""
+        return self._phase_at(self.block_step + 1)
+
+    def _phase_at(self, block_step: int) -> StepPhase:
+        # After a decoding step the request has a cache (a Refresh filled it).
+        return block_phase(self.options, self.block, block_step, self.prompt_len, True, self.prefilled, self.chunk)
+
+    def call_tokens(self, steps: int) -> int:
+        """Query tokens of a call running its next `steps` steps (steps_in_call)."""
+        if steps == 1:
+            return self.tokens
+        return self.tokens + (steps - 1) * self.later_phase().num_queries * sequence_copies(self.options)
+
     def profile(self) -> tuple[int, ...]:
         """Query tokens of every remaining step, were every block to take the fixed
         schedule's steps (an upper bound on the number of steps under every rule)."""
@@ -94,9 +130,10 @@ class RequestTrack:
         return whole + max(self.block - (self.block_step == 0), 0) * length
 
     def advance(self, phase: StepPhase, reported: tuple[int, int] | None) -> None:
-        """After a step of `phase`: the runner's report of (block, step in block), or
-        the fixed schedule's next step when there is none."""
-        self.scoring = 0
+        """After a call whose first step was of `phase`: the runner's report of
+        (block, step in block), or the fixed schedule's next step when there is none
+        (a call of one step)."""
+        self.scoring, self.scores = 0, False
         if not phase.decodes:
             self.prefilled = phase.query_end
             return

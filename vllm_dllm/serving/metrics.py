@@ -151,14 +151,14 @@ class DiffusionStatLogger(StatLoggerBase):
         self.query_tokens = _metric(
             prometheus_client.Histogram,
             "vllm:diffusion_scheduled_query_tokens_per_step",
-            "Query tokens packed into one engine step.",
+            "Query tokens one engine step (a call of denoising steps) ran.",
             names,
             buckets=_BUCKETS,
         ).labels(**labels)
         self.logits_rows = _metric(
             prometheus_client.Histogram,
             "vllm:diffusion_logits_rows_per_step",
-            "LM-head rows computed in one engine step (masked positions only).",
+            "LM-head rows one engine step computed (masked positions only).",
             names,
             buckets=_BUCKETS,
         ).labels(**labels)

@@ -25,6 +25,9 @@ from vllm_dllm.options import (
 ADMISSION_MODES = ("greedy", "lookahead", "reserve", "static")
 ATTENTION_BACKENDS = ("torch", "triton", "flash")  # see attention/backends.py
 DEFAULT_MAX_NUM_LOGITS = 1024
+# Denoising steps one engine call may run (scheduler/track.py steps_in_call): fewer
+# host round trips per token; a request arriving meanwhile waits at most one call.
+DEFAULT_MAX_STEPS_PER_CALL = 8
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,7 @@ class ServerDefaults:
     overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
     max_num_logits: int = DEFAULT_MAX_NUM_LOGITS
     admission: str = "greedy"  # see scheduler/plan.py: greedy, lookahead, reserve, static
+    max_steps_per_call: int = DEFAULT_MAX_STEPS_PER_CALL
     attention_backend: str | None = None  # None: chosen by device
     # JSON grammars allow whitespace between tokens (vLLM's default); else compact JSON.
     any_whitespace: bool = False
@@ -57,6 +61,11 @@ class ServerDefaults:
         if admission not in ADMISSION_MODES:
             raise OptionError(
                 f"{SERVER}'admission' must be one of {', '.join(ADMISSION_MODES)}, got {admission!r}"
+            )
+        max_steps_per_call = server.pop("max_steps_per_call", DEFAULT_MAX_STEPS_PER_CALL)
+        if type(max_steps_per_call) is not int or max_steps_per_call < 1:
+            raise OptionError(
+                f"{SERVER}'max_steps_per_call' must be an integer of at least 1, got {max_steps_per_call!r}"
             )
         attention_backend = server.pop("attention_backend", None)
         if attention_backend is not None and attention_backend not in ATTENTION_BACKENDS:
@@ -86,6 +95,7 @@ class ServerDefaults:
             overrides=merged,
             max_num_logits=max_num_logits,
             admission=admission,
+            max_steps_per_call=max_steps_per_call,
             attention_backend=attention_backend,
             any_whitespace=any_whitespace,
         )
@@ -96,6 +106,7 @@ class ServerDefaults:
             "overrides": dict(self.overrides),
             "max_num_logits": self.max_num_logits,
             "admission": self.admission,
+            "max_steps_per_call": self.max_steps_per_call,
             "attention_backend": self.attention_backend,
             "sparse_refusal": self.sparse_refusal,
             "any_whitespace": self.any_whitespace,
@@ -108,6 +119,7 @@ class ServerDefaults:
             overrides=dict(data["overrides"]),
             max_num_logits=int(data["max_num_logits"]),
             admission=data.get("admission", "greedy"),
+            max_steps_per_call=int(data.get("max_steps_per_call", DEFAULT_MAX_STEPS_PER_CALL)),
             attention_backend=data.get("attention_backend"),
             sparse_refusal=data.get("sparse_refusal"),
             any_whitespace=data.get("any_whitespace", False),

@@ -53,6 +53,13 @@ def prompt_logprobs_tensors(arrays) -> LogprobsTensors:
     ))
 
 
+def stop_token_ids(params) -> tuple[int, ...]:
+    """The tokens that finish a request in vLLM's stop check: its EOS (unless it
+    ignores EOS) and its stop_token_ids."""
+    eos = () if params.eos_token_id is None else (params.eos_token_id,)
+    return tuple(dict.fromkeys((*eos, *(params.stop_token_ids or ()))))
+
+
 def _device_memory_allocated(device: torch.device) -> int:
     return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
 
@@ -76,6 +83,8 @@ class DiffusionRunnerOutput(ModelRunnerOutput):
     logits_rows: int = 0
     progress: list[tuple[int, int]] = field(default_factory=list)
     edits: int = 0
+    steps: int = 1  # denoising steps the call ran (a parallel rule's block end may cut it short)
+    query_tokens: int = 0  # query tokens its forwards ran
     # ELBO estimates of the requests scored this step (engine/likelihood.py).
     likelihoods: dict[str, dict] = field(default_factory=dict)
 
@@ -250,7 +259,7 @@ class DiffusionModelRunner:
         if not order:
             return EMPTY_MODEL_RUNNER_OUTPUT
         planned = [scheduler_output.num_scheduled_tokens[req_id] for req_id in order]
-        result = self.engine.step(order, planned)
+        result = self.engine.step(order, planned, steps=getattr(scheduler_output, "steps", 1))
         logprobs = None
         if result.logprobs is not None:
             logprobs = LogprobsLists(*result.logprobs, cu_num_generated_tokens=result.logprobs_start)
@@ -264,6 +273,8 @@ class DiffusionModelRunner:
             logits_rows=result.logits_rows,
             progress=result.progress,
             edits=result.edits,
+            steps=result.steps,
+            query_tokens=result.query_tokens,
             likelihoods=result.likelihoods,
         )
 
@@ -292,4 +303,5 @@ class DiffusionModelRunner:
         self.engine.add(new.req_id, list(new.prompt_token_ids), options, seed, list(new.block_ids[0]),
                         prefilled=new.num_computed_tokens, logprobs=params.logprobs,
                         prompt_logprobs=params.prompt_logprobs,
-                        likelihood=elbo_task(self.defaults.kind, options, params.extra_args, seed))
+                        likelihood=elbo_task(self.defaults.kind, options, params.extra_args, seed),
+                        stop_ids=stop_token_ids(params))
