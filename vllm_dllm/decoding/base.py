@@ -165,13 +165,16 @@ class BatchedRule(ABC):
         return confidence
 
     def denoise(
-        self, slots_host, slots: torch.Tensor, width: int, reduce_candidates: ReduceCandidates
+        self, slots_host, slots: torch.Tensor, width: int, reduce_candidates: ReduceCandidates, prepare: bool = True
     ) -> Denoised:
         """One denoising step of the requests in `slots` (`slots_host`: the same on
         the host): plan, `reduce_candidates(rows, positions) -> (tokens, confidence)`
         for the candidates as `plan.candidates.nonzero()` lists them (the step's one
-        sync: their count sizes the LM-head work), commit."""
-        self.prepare(slots_host)
+        sync: their count sizes the LM-head work), commit.  `prepare` False: the
+        batch-level facts of the last step still hold (the same requests, no
+        admission since)."""
+        if prepare:
+            self.prepare(slots_host)
         plan = self.plan(slots, width)
         rows, positions = plan.candidates.nonzero(as_tuple=True)
         tokens, confidence = reduce_candidates(rows, positions)

@@ -30,7 +30,8 @@ from vllm_dllm.engine.batch_layout import BatchLayout, batch_layout
 from vllm_dllm.engine.batch_phases import POLICY_NONE
 from vllm_dllm.engine.graphs import ReuseGraphs
 from vllm_dllm.engine.prompt_scoring import PromptLogprobs, ScoringContext
-from vllm_dllm.engine.step_inputs import SequenceLayout, build_step_inputs, to_device
+from vllm_dllm.engine.memory_profile import peak_step
+from vllm_dllm.engine.step_inputs import build_step_inputs, to_device
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,16 @@ class StepOutput:
     prompt_logprobs: dict[str, PromptLogprobs] = dataclasses.field(default_factory=dict)
     # ELBO estimates of requests scored this step (engine/likelihood.py).
     likelihoods: dict[str, dict] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _CallCheck:
+    """What `_goes_on` reads that stays fixed through a call, gathered once."""
+
+    start_block: torch.Tensor  # each request's block when the call began
+    stop_ids: torch.Tensor  # [R, STOP_SLOTS]
+    output_length: torch.Tensor
+    columns: torch.Tensor  # arange(width)
 
 
 _CANVAS = 5  # the report's first canvas column (after final, candidates, block, block step, edits)
@@ -230,11 +241,14 @@ class StepEngine(RequestBatch):
     def _run_later_steps(self, slots_host, slots, width, later: BatchLayout, steps: int, tally):
         """Steps 2..`steps` of a call over one layout, while `_goes_on`.  Returns the
         steps run and the summed tally."""
-        start_block = to_device(self.host.block[slots_host], self.device)
+        check = _CallCheck(
+            start_block=to_device(self.host.block[slots_host], self.device), stop_ids=self.stop_ids[slots],
+            output_length=self.decode.output_length[slots], columns=torch.arange(width, device=self.device),
+        )
         inputs = None
         ran = 1
         for _ in range(1, steps):
-            if not self._goes_on(slots, width, start_block):
+            if not self._goes_on(slots, width, check):
                 break
             if inputs is None:
                 inputs = self._inputs(later)
@@ -242,22 +256,21 @@ class StepEngine(RequestBatch):
                 inputs.read_tokens(self.decode.canvas)
             hidden = self._forward(later, inputs)
             step_tally = self._denoise(slots_host, slots, width, later.request_seq, later.twin_seq, later.has_twins,
-                                       hidden, inputs)
+                                       hidden, inputs, first=False)
             tally = tally + step_tally
             ran += 1
         return ran, tally
 
-    def _goes_on(self, slots, width: int, start_block: torch.Tensor) -> bool:
+    def _goes_on(self, slots, width: int, check: "_CallCheck") -> bool:
         """Whether a call runs another step (one sync): not once a request's block has
         ended (a parallel decoding rule; its next step is laid out anew), nor once
         every request has streamed what finishes it (its last token, or a stop token
         among its final ones: vLLM ends it at the end of the call)."""
         decode = self.decode
         final = self.rule.num_final(slots, width)
-        columns = torch.arange(width, device=slots.device)
-        stops = (decode.canvas[slots, :width, None] == self.stop_ids[slots, None, :]).any(dim=2)
-        finished = (stops & (columns < final[:, None])).any(dim=1) | (final >= decode.output_length[slots])
-        return bool(((decode.block[slots] == start_block).all() & ~finished.all()).item())
+        stops = (decode.canvas[slots, :width, None] == check.stop_ids[:, None, :]).any(dim=2)
+        finished = (stops & (check.columns < final[:, None])).any(dim=1) | (final >= check.output_length)
+        return bool(((decode.block[slots] == check.start_block).all() & ~finished.all()).item())
 
     def _inputs(self, batch: BatchLayout):
         return build_step_inputs(
@@ -293,9 +306,11 @@ class StepEngine(RequestBatch):
         output.logprobs = self.logprobs.take(slots_host[asking], starts[asking], starts[asking] + counts[asking])
         output.logprobs_start = np.concatenate([[0], np.cumsum(np.where(asking, counts, 0))[:-1]]).tolist()
 
-    def _denoise(self, slots_host, slots, width, request_seq, twin_seq, has_twins, hidden, inputs) -> torch.Tensor:
+    def _denoise(self, slots_host, slots, width, request_seq, twin_seq, has_twins, hidden, inputs,
+                 first: bool = True) -> torch.Tensor:
         """The rule's step for the requests in `slots_host` (their sequences' rows of
-        `hidden`), and its tally per request: [candidates, edits]."""
+        `hidden`), and its tally per request: [candidates, edits].  `first`: the
+        call's first step (later ones keep the rule's batch-level facts)."""
         seqs = to_device(np.stack([request_seq, twin_seq]), self.device)
         logprobs_k = self.logprobs.step_width(slots_host)
         collector = (LogprobsCollector(logprobs_k, self.device, self.lm_head.vocab)
@@ -304,6 +319,7 @@ class StepEngine(RequestBatch):
         done = self.rule.denoise(
             slots_host, slots, width,
             lambda rows, positions: self._reduce(hidden, inputs, seqs, has_twins, slots, rows, positions, collector),
+            prepare=first,
         )
         if collector is not None:
             # Every position whose token this step wrote (a commit or an edit) keeps
@@ -371,36 +387,7 @@ class StepEngine(RequestBatch):
 
     # ---- memory profiling ----------------------------------------------------
 
-    @torch.inference_mode()
     def profile_step(self, max_num_tokens: int) -> None:
-        """A dummy step at the configured caps, so memory profiling sees the peak:
-        full-length Refresh sequences filling the token budget, then the LM head
-        and the costliest reduction over `max_num_logits` rows."""
-        lengths = []
-        remaining = max_num_tokens
-        while remaining > 0:
-            lengths.append(min(remaining, self.max_model_len))
-            remaining -= lengths[-1]
-        count = len(lengths)
-        seq_len = np.array(lengths, dtype=np.int64)
-        zeros = np.zeros(count, dtype=np.int64)
-        layout = SequenceLayout(
-            slot=zeros, twin=zeros.astype(bool), query_start=zeros, num_queries=seq_len, seq_len=seq_len, kv_start=zeros
-        )
-        inputs = build_step_inputs(
-            layout,
-            prompt_tokens=self.prompt_tokens,
-            prompt_len=self.prompt_len,
-            canvas=self.decode.canvas,
-            block_table=torch.zeros_like(self.block_table),
-            block_size=self.block_size,
-            mask_id=self.ids.mask,
-            backend=self.backend,
-        )
-        with attention_metadata(inputs.metadata), self.model_context(len(inputs.input_ids)):
-            hidden = self.model(torch.zeros_like(inputs.input_ids), inputs.positions)
-        rows = min(self.max_num_logits, len(hidden))
-        logits = self.lm_head.project(hidden[:rows])
-        # The costliest reduction: a float64 softmax and cumulative sum over every row.
-        cdf = torch.cumsum(torch.softmax(logits.double(), dim=-1), dim=-1)
-        del cdf, logits, hidden
+        """A dummy step at the configured caps, so memory profiling sees the peak
+        (engine/memory_profile.py)."""
+        peak_step(self, max_num_tokens)
