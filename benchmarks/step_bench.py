@@ -59,6 +59,7 @@ from vllm_dllm.engine.op_count import OpCounter  # noqa: E402
 from vllm_dllm.engine.step_inputs import build_step_inputs  # noqa: E402
 from vllm_dllm.engine.torch_model import LLADA_8B, ModelShape, build_model, rms_norm  # noqa: E402
 from vllm_dllm.kv_footprint import sequence_slots  # noqa: E402
+from vllm_dllm.scheduler.track import RequestTrack  # noqa: E402
 from vllm_dllm.options import LLaDA2Options, LLaDAOptions  # noqa: E402
 
 BLOCK = 32
@@ -370,8 +371,13 @@ def ideal_head(model, requests, temperature, timer, reps, device):
 # ---- op counts --------------------------------------------------------------
 
 
+CALL_STEPS = 8  # the server's default max_steps_per_call
+
+
 def op_counts(device, shape: ModelShape = SMALL) -> list[dict]:
-    """Ops of one Reuse step at 1, 4 and 16 requests (same phase mix), small model."""
+    """Ops of one Reuse step, and of an engine call of Reuse steps (as many as the
+    scheduler's steps_in_call gives, up to CALL_STEPS), at 1, 4 and 16 requests (same
+    phase mix), small model."""
     model = build_model(shape, torch.float32, device)
     rows = []
     for requests in (1, 4, 16):
@@ -381,7 +387,12 @@ def op_counts(device, shape: ModelShape = SMALL) -> list[dict]:
         engine.step(ids)
         with OpCounter() as counter:
             engine.step(ids)
-        rows.append({"requests": requests, "ops_per_step": counter.total, "sync_ops_per_step": counter.syncs})
+        track = RequestTrack(options(4 * BLOCK, "dual"), 256 - 4 * BLOCK, blocks=0, has_cache=True, block_step=3)
+        steps = track.steps_in_call(CALL_STEPS)
+        with OpCounter() as call:
+            ran = engine.step(ids, [track.call_tokens(steps)] * requests, steps=steps).steps
+        rows.append({"requests": requests, "ops_per_step": counter.total, "sync_ops_per_step": counter.syncs,
+                     "call_steps": ran, "ops_per_call": call.total, "sync_ops_per_call": call.syncs})
         release(model)
     return rows
 
@@ -394,8 +405,11 @@ def save(result: dict, out: pathlib.Path) -> str:
     lines = ["| case | requests | context | ours ms | ideal ms | ratio |", "|---|---|---|---|---|---|"]
     lines += [f"| {c['case']} | {c['requests']} | {c['context']} | {c['ours_ms']} | {c['ideal_ms']} | {c['ratio']} |"
               for c in cases]
-    lines += ["", "| requests | ops per step | sync ops per step |", "|---|---|---|"]
-    lines += [f"| {r['requests']} | {r['ops_per_step']} | {r['sync_ops_per_step']} |" for r in result["op_counts"]]
+    lines += ["", "| requests | ops per step | sync ops per step | steps per call | ops per call (per step) "
+              "| sync ops per call |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['requests']} | {r['ops_per_step']} | {r['sync_ops_per_step']} | {r['call_steps']} "
+              f"| {r['ops_per_call']} ({r['ops_per_call'] / r['call_steps']:.0f}) | {r['sync_ops_per_call']} |"
+              for r in result["op_counts"]]
     lines += ["", f"Reuse attention, one layer, sparse (retention {SPARSE_RETENTION}) vs dense (dual), "
               f"backend {result['backend']}: median ms of `attend` per layer (one call between two syncs, and per call "
               f"of {STREAM} back to back, as a step's layers run), of build_step_inputs per step, "
@@ -425,6 +439,8 @@ def main() -> None:
                         help="contexts of the sparse vs dense Reuse attention cases")
     parser.add_argument("--sparse-requests", type=int, default=16)
     parser.add_argument("--only-sparse", action="store_true", help="run only the sparse vs dense cases")
+    parser.add_argument("--only-op-counts", action="store_true",
+                        help="run only the op counts per step and per engine call")
     args = parser.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -466,6 +482,10 @@ def main() -> None:
               f"ratio {ours / ideal:5.2f}", flush=True)
         save(result, args.out)  # after every case: a crash later keeps what was measured
 
+    if args.only_op_counts:
+        result["op_counts"] = op_counts(device, TOY if args.smoke else SMALL)
+        print(save(result, args.out))
+        return
     for context in [int(c) for c in args.sparse_contexts.split(",") if c]:
         runs = {cache: reuse_attention(model, args.sparse_requests, context, cache, timer, reps, device)
                 for cache in ("dual", "sparse")}

@@ -45,6 +45,9 @@ def test_step_bench_runs_every_case_without_vllm(tmp_path):
     assert {r["requests"] for r in result["op_counts"]} == {1, 4, 16}
     # One engine step dispatches as many ops at 16 requests as at 1.
     assert len({r["ops_per_step"] for r in result["op_counts"]}) == 1
+    # So does an engine call of several steps (as many at every size).
+    assert len({(r["call_steps"], r["ops_per_call"]) for r in result["op_counts"]}) == 1
+    assert result["op_counts"][0]["call_steps"] > 1
     sparse = result["sparse_reuse_attention"]
     assert sparse and sparse[0]["sparse"]["seq_len"] < sparse[0]["dense"]["seq_len"]
     assert (tmp_path / "table.md").read_text().startswith("Device: ")

@@ -131,6 +131,9 @@ class BatchedRule(ABC):
     def __init__(self, state: DecodeState):
         self.state = state
         self.sampled = True
+        # Values a call's first step computes and its later steps reuse (per_call).
+        self._call_values: dict[str, object] = {}
+        self._later = False
 
     def prepare(self, slots_host) -> None:
         """Batch-level facts for this step, from host (numpy) copies of the
@@ -175,11 +178,26 @@ class BatchedRule(ABC):
         admission since)."""
         if prepare:
             self.prepare(slots_host)
-        plan = self.plan(slots, width)
-        rows, positions = plan.candidates.nonzero(as_tuple=True)
-        tokens, confidence = reduce_candidates(rows, positions)
-        self.commit_candidates(slots, plan, rows, positions, tokens, confidence)
+            self._call_values.clear()
+        self._later = not prepare
+        try:
+            plan = self.plan(slots, width)
+            rows, positions = plan.candidates.nonzero(as_tuple=True)
+            tokens, confidence = reduce_candidates(rows, positions)
+            self.commit_candidates(slots, plan, rows, positions, tokens, confidence)
+        finally:
+            self._later = False
         return Denoised(plan, rows, positions, tokens, confidence)
+
+    def per_call(self, name: str, compute: Callable[[], object]):
+        """`compute()` at a call's first step (and whenever a rule is driven step by
+        step), its value again at the call's later steps: for values that hold through
+        a call, which stays in each request's block (admission-time parameters, the
+        block's window and its count at its start)."""
+        if self._later and name in self._call_values:
+            return self._call_values[name]
+        value = self._call_values[name] = compute()
+        return value
 
     def commit_candidates(
         self,
@@ -193,7 +211,7 @@ class BatchedRule(ABC):
         """`commit` from per-candidate results: candidate i is (request rows[i],
         canvas position positions[i]), as `plan.candidates.nonzero()` lists them."""
         width = plan.candidates.shape[1]
-        grid_tokens = self.state.canvas[slots, :width].clone()
+        grid_tokens = self.state.canvas[slots, :width]  # a copy: `slots` indexes
         grid_tokens[rows, positions] = tokens
         grid_conf = torch.full(grid_tokens.shape, float("-inf"), dtype=confidence.dtype, device=confidence.device)
         grid_conf[rows, positions] = confidence
@@ -247,4 +265,4 @@ class BatchedRule(ABC):
         """Whether each request's active block ended with this step (after the
         commit): under the fixed schedule, after its steps per block."""
         state = self.state
-        return state.block_step[slots] + 1 >= state.steps_per_block[slots]
+        return state.block_step[slots] + 1 >= self.per_call("steps_per_block", lambda: state.steps_per_block[slots])

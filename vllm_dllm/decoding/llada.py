@@ -38,6 +38,9 @@ class LLaDARule(parallel.ParallelDecoding, BatchedRule):
         self.remasks_randomly = True
         self.logits_eos_inf = zeros(torch.bool)
         self.confidence_eos_eot_inf = zeros(torch.bool)
+        # Host copies: a step where no request sets them skips their column writes.
+        self.eos_flags_host = np.zeros((cap, 2), dtype=bool)
+        self.any_logits_eos_inf = self.any_confidence_eos_eot_inf = True
         self.parallel = parallel.ParallelParams(cap, device, state.canvas.shape[1], state.vocab)
 
     def admit(self, slot: int, options: LLaDAOptions) -> None:
@@ -47,35 +50,51 @@ class LLaDARule(parallel.ParallelDecoding, BatchedRule):
         self.random_remasking_host[slot] = options.remasking == "random"
         self.logits_eos_inf[slot] = options.logits_eos_inf
         self.confidence_eos_eot_inf[slot] = options.confidence_eos_eot_inf
+        self.eos_flags_host[slot] = (options.logits_eos_inf, options.confidence_eos_eot_inf)
         self.parallel.admit(slot, options)
 
     def prepare(self, slots_host) -> None:
         super().prepare(slots_host)
         self.parallel.prepare(slots_host)
-        self.remasks_randomly = bool(self.random_remasking_host[np.asarray(slots_host)].any())
+        slots_host = np.asarray(slots_host)
+        self.remasks_randomly = bool(self.random_remasking_host[slots_host].any())
+        self.any_logits_eos_inf, self.any_confidence_eos_eot_inf = self.eos_flags_host[slots_host].any(axis=0).tolist()
 
     def plan(self, slots: torch.Tensor, width: int) -> CandidatePlan:
-        spb, length = self.state.steps_per_block[slots], self.block_length[slots]
+        spb = self.per_call("steps_per_block", lambda: self.state.steps_per_block[slots])
+        in_block = self.per_call("in_block", lambda: self._block_window(slots, width))
         step_in_block = self.state.block_step[slots]
+        candidates = self.state.masked(slots, width) & in_block
+        masked_now = candidates.sum(dim=1)
+
+        def at_block_start():  # a later step of a call is never a block's first
+            block_masked = torch.where(step_in_block == 0, masked_now, self.block_masked[slots])
+            self.block_masked[slots] = block_masked
+            return block_masked
+
+        block_masked = self.per_call("block_masked", at_block_start)
+        count = torch.minimum(transfer_count(block_masked, spb, step_in_block), masked_now)
+        return CandidatePlan(candidates=candidates, count=count)
+
+    def _block_window(self, slots: torch.Tensor, width: int) -> torch.Tensor:
+        """bool [R, width]: the columns of each request's active block."""
+        length = self.block_length[slots]
         start = self.state.block[slots] * length
         columns = torch.arange(width, device=slots.device)
-        in_block = (columns >= start[:, None]) & (columns < (start + length)[:, None])
-        candidates = self.state.masked(slots, width) & in_block
-        block_masked = torch.where(step_in_block == 0, candidates.sum(dim=1), self.block_masked[slots])
-        self.block_masked[slots] = block_masked
-        count = torch.minimum(transfer_count(block_masked, spb, step_in_block), candidates.sum(dim=1))
-        return CandidatePlan(candidates=candidates, count=count)
+        return (columns >= start[:, None]) & (columns < (start + length)[:, None])
 
     def reduce(self, logits, slots, positions):
         ids, state = self.ids, self.state
         vocab = state.vocab
-        temperature = state.temperature[slots]
-        seeds, steps = state.seed[slots], state.step[slots]
+        sampled_or_remasked = self.sampled or self.remasks_randomly
+        seeds, steps = (state.seed[slots], state.step[slots]) if sampled_or_remasked else (None, None)
         # `logits_eos_inf` and the confidence's edits below are column writes: the
         # rank holding the column makes them (decoding/vocab.py).
-        vocab.fill_column(logits, ids.eos, self.logits_eos_inf[slots], float("-inf"))
+        if self.any_logits_eos_inf:
+            vocab.fill_column(logits, ids.eos, self.logits_eos_inf[slots], float("-inf"))
         logits = self.parallel.fuse_credit(slots, positions, logits)
         if self.sampled:
+            temperature = state.temperature[slots]
             u = sampling.uniform(seeds, steps, positions, sampling.LLADA_SAMPLE, torch.float64)
             tokens = sampling.sample(logits, temperature, u, vocab)
         else:
@@ -83,10 +102,12 @@ class LLaDARule(parallel.ParallelDecoding, BatchedRule):
         # The reference's chained assignment: at T == 0 the noisy logits are the
         # logits themselves, so both EOS and EoT lose their mass; at T > 0 only EoT
         # does (its EOS write lands on the discarded noisy copy).
-        conf_inf = self.confidence_eos_eot_inf[slots]
-        vocab.fill_column(logits, ids.eos, conf_inf & (temperature == 0), float("-inf"))
-        if ids.eot is not None:
-            vocab.fill_column(logits, ids.eot, conf_inf, float("-inf"))
+        if self.any_confidence_eos_eot_inf:
+            conf_inf = self.confidence_eos_eot_inf[slots]
+            greedy = conf_inf & (state.temperature[slots] == 0) if self.sampled else conf_inf
+            vocab.fill_column(logits, ids.eos, greedy, float("-inf"))
+            if ids.eot is not None:
+                vocab.fill_column(logits, ids.eot, conf_inf, float("-inf"))
         probs = vocab.softmax(logits)
         confidence = vocab.at(probs, tokens)
         if self.remasks_randomly:

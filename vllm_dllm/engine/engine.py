@@ -184,8 +184,8 @@ class StepEngine(RequestBatch):
             slots_dec = slots_host[decoding]
             slots = to_device(slots_dec, self.device)
             width = int(h.gen_length[slots_dec].max())
-            tally = self._denoise(slots_dec, slots, width, batch.request_seq[decoding], batch.twin_seq[decoding],
-                                  batch.has_twins, hidden, inputs)
+            seqs = to_device(np.stack([batch.request_seq[decoding], batch.twin_seq[decoding]]), self.device)
+            tally = self._denoise(slots_dec, slots, width, seqs, batch.has_twins, hidden, inputs)
             if later is not None:
                 ran, tally = self._run_later_steps(slots_host, slots, width, later, steps, tally)
             report = self._report(slots, width, tally)
@@ -245,6 +245,7 @@ class StepEngine(RequestBatch):
             start_block=to_device(self.host.block[slots_host], self.device), stop_ids=self.stop_ids[slots],
             output_length=self.decode.output_length[slots], columns=torch.arange(width, device=self.device),
         )
+        seqs = to_device(np.stack([later.request_seq, later.twin_seq]), self.device)
         inputs = None
         ran = 1
         for _ in range(1, steps):
@@ -255,8 +256,7 @@ class StepEngine(RequestBatch):
             else:
                 inputs.read_tokens(self.decode.canvas)
             hidden = self._forward(later, inputs)
-            step_tally = self._denoise(slots_host, slots, width, later.request_seq, later.twin_seq, later.has_twins,
-                                       hidden, inputs, first=False)
+            step_tally = self._denoise(slots_host, slots, width, seqs, later.has_twins, hidden, inputs, first=False)
             tally = tally + step_tally
             ran += 1
         return ran, tally
@@ -306,12 +306,12 @@ class StepEngine(RequestBatch):
         output.logprobs = self.logprobs.take(slots_host[asking], starts[asking], starts[asking] + counts[asking])
         output.logprobs_start = np.concatenate([[0], np.cumsum(np.where(asking, counts, 0))[:-1]]).tolist()
 
-    def _denoise(self, slots_host, slots, width, request_seq, twin_seq, has_twins, hidden, inputs,
+    def _denoise(self, slots_host, slots, width, seqs, has_twins, hidden, inputs,
                  first: bool = True) -> torch.Tensor:
         """The rule's step for the requests in `slots_host` (their sequences' rows of
-        `hidden`), and its tally per request: [candidates, edits].  `first`: the
-        call's first step (later ones keep the rule's batch-level facts)."""
-        seqs = to_device(np.stack([request_seq, twin_seq]), self.device)
+        `hidden`: `seqs`, its own and its twin's), and its tally per request:
+        [candidates, edits].  `first`: the call's first step (later ones keep the
+        rule's batch-level facts)."""
         logprobs_k = self.logprobs.step_width(slots_host)
         collector = (LogprobsCollector(logprobs_k, self.device, self.lm_head.vocab)
                      if logprobs_k is not None else None)
