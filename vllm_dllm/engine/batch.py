@@ -96,6 +96,8 @@ class RequestBatch:
         that finish it (vLLM's EOS and stop_token_ids)."""
         if req_id in self.slots:
             raise ValueError(f"request {req_id} is already in the batch")
+        if not prompt:
+            raise ValueError(f"request {req_id}: an empty prompt (a canvas needs at least one token before it)")
         if not self._free:
             self._grow()
         options = options.placed(len(prompt))

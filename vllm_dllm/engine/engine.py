@@ -185,7 +185,8 @@ class StepEngine(RequestBatch):
             slots = to_device(slots_dec, self.device)
             width = int(h.gen_length[slots_dec].max())
             seqs = to_device(np.stack([batch.request_seq[decoding], batch.twin_seq[decoding]]), self.device)
-            tally = self._denoise(slots_dec, slots, width, seqs, batch.has_twins, hidden, inputs)
+            tally = self._denoise(slots_dec, slots, width, self._row_bases(slots, seqs, inputs), batch.has_twins,
+                                  hidden)
             if later is not None:
                 ran, tally = self._run_later_steps(slots_host, slots, width, later, steps, tally)
             report = self._report(slots, width, tally)
@@ -246,17 +247,18 @@ class StepEngine(RequestBatch):
             output_length=self.decode.output_length[slots], columns=torch.arange(width, device=self.device),
         )
         seqs = to_device(np.stack([later.request_seq, later.twin_seq]), self.device)
-        inputs = None
+        inputs = bases = None
         ran = 1
         for _ in range(1, steps):
             if not self._goes_on(slots, width, check):
                 break
             if inputs is None:
                 inputs = self._inputs(later)
+                bases = self._row_bases(slots, seqs, inputs)
             else:
                 inputs.read_tokens(self.decode.canvas)
             hidden = self._forward(later, inputs)
-            step_tally = self._denoise(slots_host, slots, width, seqs, later.has_twins, hidden, inputs, first=False)
+            step_tally = self._denoise(slots_host, slots, width, bases, later.has_twins, hidden, first=False)
             tally = tally + step_tally
             ran += 1
         return ran, tally
@@ -306,19 +308,19 @@ class StepEngine(RequestBatch):
         output.logprobs = self.logprobs.take(slots_host[asking], starts[asking], starts[asking] + counts[asking])
         output.logprobs_start = np.concatenate([[0], np.cumsum(np.where(asking, counts, 0))[:-1]]).tolist()
 
-    def _denoise(self, slots_host, slots, width, seqs, has_twins, hidden, inputs,
+    def _denoise(self, slots_host, slots, width, bases, has_twins, hidden,
                  first: bool = True) -> torch.Tensor:
-        """The rule's step for the requests in `slots_host` (their sequences' rows of
-        `hidden`: `seqs`, its own and its twin's), and its tally per request:
-        [candidates, edits].  `first`: the call's first step (later ones keep the
-        rule's batch-level facts)."""
+        """The rule's step for the requests in `slots_host` (their candidates' rows of
+        `hidden` from `bases`, _row_bases), and its tally per request: [candidates,
+        edits].  `first`: the call's first step (later ones keep the rule's
+        batch-level facts)."""
         logprobs_k = self.logprobs.step_width(slots_host)
         collector = (LogprobsCollector(logprobs_k, self.device, self.lm_head.vocab)
                      if logprobs_k is not None else None)
         before = self.decode.canvas[slots, :width].clone() if collector is not None else None
         done = self.rule.denoise(
             slots_host, slots, width,
-            lambda rows, positions: self._reduce(hidden, inputs, seqs, has_twins, slots, rows, positions, collector),
+            lambda rows, positions: self._reduce(hidden, bases, has_twins, slots, rows, positions, collector),
             prepare=first,
         )
         if collector is not None:
@@ -355,25 +357,28 @@ class StepEngine(RequestBatch):
                 return self.model(inputs.input_ids, inputs.positions)
         return self.graphs.forward(key, inputs.input_ids, inputs.positions, inputs.metadata)
 
-    def _reduce(self, hidden, inputs, seqs, has_twins: bool, slots, rows, positions, logprobs=None):
-        """(token, confidence) of each candidate: its hidden row (the row of the
-        position before it for a shifted model; the twin's row too under CFG) through
-        the LM head in chunks, reduced by the rule."""
+    def _row_bases(self, slots, seqs, inputs) -> torch.Tensor:
+        """[2, R]: the hidden row of each request's canvas position 0 in its own
+        sequence and in its twin's (the row before it for a shifted model, which the
+        prompt's last token holds): a candidate's row is its base plus its position."""
+        first = self.prompt_len[slots] - int(self.logits_shift) - inputs.query_start[seqs[0]]
+        return inputs.query_start_loc[seqs] + first
+
+    def _reduce(self, hidden, bases, has_twins: bool, slots, rows, positions, logprobs=None):
+        """(token, confidence) of each candidate: its hidden row (`bases`,
+        _row_bases; the twin's row too under CFG) through the LM head in chunks,
+        reduced by the rule."""
         cand_slots = slots[rows]
-        source = self.prompt_len[cand_slots] + positions
-        if self.logits_shift:
-            source = (source - 1).clamp(min=0)
-        seqs = seqs[:, rows]
-        offset = source - inputs.query_start[seqs[0]]
+        bases = bases[:, rows]
         uncond_rows = cfg_scale = grammar = None
         if self._masks is not None:
             grammar = (self._masks.bitmask, self._masks.rows_for(cand_slots, positions))
         if has_twins:
-            uncond_rows = inputs.query_start_loc[seqs[1]] + offset
+            uncond_rows = bases[1] + positions
             cfg_scale = self.decode.cfg_scale[cand_slots]
         return chunked_reduce(
             hidden,
-            inputs.query_start_loc[seqs[0]] + offset,
+            bases[0] + positions,
             cand_slots,
             positions,
             self.lm_head.project,
