@@ -39,6 +39,15 @@ def write_kv(cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch
     cache[slots // block_size, slots % block_size] = torch.stack([k, v], dim=1).to(cache.dtype)
 
 
+def write_step_kv(cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> None:
+    """write_kv at the step's query slots, with their pool blocks and offsets computed
+    once for every layer when the metadata carries them."""
+    if meta.query_pages is None:
+        write_kv(cache, k, v, meta.query_slots)
+    else:
+        cache[meta.query_pages, meta.query_offsets] = torch.stack([k, v], dim=1).to(cache.dtype)
+
+
 class TorchAttention:
     name = "torch"
     graph_safe = False  # its padded groups are built on the host for each step
@@ -53,7 +62,7 @@ class TorchAttention:
         scale: float,
     ) -> torch.Tensor:
         if cache is not None:
-            write_kv(cache, k, v, meta.query_slots)
+            write_step_kv(cache, k, v, meta)
         if len(meta.groups) == 1 and meta.groups[0].rows is None:
             return self._attend_group(q, k, v, cache, meta, meta.groups[0], scale)
         out = torch.empty_like(q)
@@ -120,7 +129,7 @@ class TritonAttention:
 
         if cache is None:
             return self._fallback.attend(q, k, v, cache, meta, scale)
-        write_kv(cache, k, v, meta.query_slots)
+        write_step_kv(cache, k, v, meta)
         return paged_attention_triton(
             q,
             cache,
@@ -172,7 +181,7 @@ class FlashAttention:
                 max_seqlen_k=meta.max_query_len, cu_seqlens_k=meta.query_start_loc,
                 softmax_scale=scale, causal=False,
             )
-        write_kv(cache, k, v, meta.query_slots)
+        write_step_kv(cache, k, v, meta)
         return self.varlen_fn(
             q=q, k=cache[:, :, 0], v=cache[:, :, 1], max_seqlen_q=meta.max_query_len,
             cu_seqlens_q=meta.query_start_loc, max_seqlen_k=meta.max_seq_len, seqused_k=meta.seq_lens,

@@ -82,6 +82,10 @@ class AttentionMetadata:
     # Sparse Refresh sequences (attention/sparse.py), after the ones above: this
     # metadata then covers only the rows before `cache_fill.row_start`.
     cache_fill: "object | None" = None
+    # query_slots as (pool block, offset in it), computed once for all layers; None:
+    # the backends derive them from query_slots (a captured graph does, per replay).
+    query_pages: torch.Tensor | None = None
+    query_offsets: torch.Tensor | None = None
     _groups: list[QueryGroup] | None = field(default=None, init=False, repr=False)
 
     @property

@@ -235,9 +235,10 @@ class BatchedRule(ABC):
         rank = torch.empty_like(order).scatter_(1, order, columns)
         chosen = rank < self.commit_count(slots, plan, ordered)[:, None]
         state.canvas[slots, :width] = torch.where(chosen, tokens, state.canvas[slots, :width])
-        state.step[slots] += 1
+        # index_add_: a step's slots are distinct, and integers add exactly.
+        state.step.index_add_(0, slots, torch.ones_like(slots))
         done = self.block_done(slots, plan)
-        state.block[slots] += done.long()
+        state.block.index_add_(0, slots, done.long())
         state.block_step[slots] = torch.where(done, 0, state.block_step[slots] + 1)
 
     def restart_block(self, slots: torch.Tensor, streamed: torch.Tensor) -> None:

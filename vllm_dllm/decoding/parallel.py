@@ -380,5 +380,7 @@ class ParallelDecoding:
         self.parallel.forget(slots, streamed)
 
     def block_done(self, slots, plan):
+        if not self.parallel.active:  # only the fixed schedule in this step
+            return super().block_done(slots, plan)
         masked = self.state.masked(slots, plan.candidates.shape[1])
         return super().block_done(slots, plan) | self.parallel.block_emptied(slots, plan, masked)

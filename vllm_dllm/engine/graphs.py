@@ -194,6 +194,8 @@ class ReuseGraphs:
             kv_start=graph.kv_start,
             block_table=graph.block_table,
             query_slots=graph.query_slots,
+            query_pages=None,  # derived from the slots inside the graph, at every replay
+            query_offsets=None,
             max_query_len=q,
             max_seq_len=self.max_blocks * self.block_size,
             build_groups=list,

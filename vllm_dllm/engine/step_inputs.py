@@ -168,6 +168,8 @@ def _metadata(layout: SequenceLayout, cu: torch.Tensor, query_seq: np.ndarray, q
         kv_start=to_device(layout.kv_start, device).int(),
         block_table=tables.int(),
         query_slots=query_slots,
+        query_pages=query_slots // block_size,
+        query_offsets=query_slots % block_size,
         max_query_len=0 if empty else int(layout.num_queries.max()),
         max_seq_len=0 if empty else int(layout.seq_len.max()),
         build_groups=list if empty else lambda: query_groups(layout, query_seq, query_row, tables, block_size),
