@@ -160,3 +160,26 @@ def test_a_call_that_must_run_alone_is_refused():
         engine.prompt_scorer.admit(engine.slots[ids[0]], 2, 0)
         engine.step(ids, steps=2)
     assert np.all(engine.host.block_step[[engine.slots[ids[0]]]] == 0)
+
+
+def test_a_call_ends_once_every_request_streamed_a_stop_token():
+    """The call stops after the step that makes a stop token final (vLLM finishes the
+    request there); without stop tokens it runs the block's steps."""
+    options = llada(cache="none")  # blocks of 8 steps, every step a Refresh
+    for variant in range(20):
+        prompt = [3 + (5 * variant + 7 * j) % 50 for j in range(20)]
+        probe = make_engine()
+        probe.add("r", prompt, options, seed=variant, block_ids=list(range(1, 9)))
+        first_final = next((step, out.new_tokens[0][0]) for step in range(8)
+                           if (out := probe.step(["r"])).new_tokens[0])
+        if first_final[0] < 7:  # final before the block's last step: an early end to see
+            break
+    else:
+        pytest.fail("no draw made a token final before the block's last step")
+    step, token = first_final
+    for stop_ids, ran in (((token,), step + 1), ((), 8)):
+        engine = make_engine()
+        engine.add("r", prompt, options, seed=variant, block_ids=list(range(1, 9)), stop_ids=stop_ids)
+        track = RequestTrack(options, 20, blocks=0)
+        out = engine.step(["r"], [track.call_tokens(8)], steps=track.steps_in_call(8))
+        assert out.steps == ran and out.new_tokens[0][0] == token
