@@ -68,15 +68,17 @@ def test_calls_of_several_steps_stream_the_tokens_of_single_steps(options, promp
     kind = "dream" if isinstance(options, DreamOptions) else "llada2" if options.__class__.__name__.startswith(
         "LLaDA2") else "llada"
     results = {}
-    for limit in (1, 8):
+    for limit in (1, 3, 8):  # calls of 3 start inside blocks: a Reuse first, laid out as the later ones
         engine = make_engine(kind=kind)
         ids = add_requests(engine, 3, options, prompt_len=prompt_len)
         results[limit] = drive(engine, ids, options, prompt_len, limit)
-    (single, single_calls), (several, several_calls) = results[1], results[8]
-    assert several == single
+    single, single_calls = results[1]
     assert set(single_calls) == {1}
-    assert len(several_calls) < len(single_calls)  # the calls did run several steps
-    assert sum(several_calls) == len(single_calls)  # and the same steps in all
+    for limit in (3, 8):
+        several, several_calls = results[limit]
+        assert several == single, limit
+        assert len(several_calls) < len(single_calls)  # the calls did run several steps
+        assert sum(several_calls) == len(single_calls)  # and the same steps in all
 
 
 @pytest.mark.parametrize("options", [

@@ -146,12 +146,17 @@ class LLaDA2Rule(BatchedRule):
         start = self.state.block[slots] * length - self.lead[slots]
         return start.clamp(min=0), start + length
 
-    def plan(self, slots: torch.Tensor, width: int) -> CandidatePlan:
+    def _block_window(self, slots: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """bool [R, width]: each request's active block within its canvas; and the columns."""
         start, end = self.block_range(slots)
         columns = torch.arange(width, device=slots.device)
         in_block = (columns >= start[:, None]) & (columns < end[:, None]) & (columns < self.state.gen_length[slots, None])
+        return in_block, columns
+
+    def plan(self, slots: torch.Tensor, width: int) -> CandidatePlan:
+        in_block, columns = self.per_call("window", lambda: self._block_window(slots, width))
         masked = self.state.masked(slots, width) & in_block
-        editing = self.editing[slots]
+        editing = self.per_call("editing", lambda: self.editing[slots])
         # Editing reads every generated position of the block not yet streamed; 2.0
         # only its masks.
         editable = in_block & (columns >= self.streamed[slots, None])
@@ -159,8 +164,10 @@ class LLaDA2Rule(BatchedRule):
         has_masks = masked.any(dim=1)
         self.started_masked[slots] = has_masks
         self.post_steps[slots] += (~has_masks & editing).long()
-        schedule = quota(self.block_length[slots], self.state.steps_per_block[slots], self.state.block_step[slots])
-        fixed = torch.where(editing, self.num_to_transfer[slots], schedule)
+        length, spb, per_step = self.per_call("schedule", lambda: (
+            self.block_length[slots], self.state.steps_per_block[slots], self.num_to_transfer[slots]))
+        schedule = quota(length, spb, self.state.block_step[slots])
+        fixed = torch.where(editing, per_step, schedule)
         count = torch.minimum(fixed, masked.sum(dim=1))
         return CandidatePlan(candidates=candidates, count=count)
 

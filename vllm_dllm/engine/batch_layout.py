@@ -4,7 +4,7 @@ request's phase.  Pure host arithmetic over the batch's per-slot arrays (numpy).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -44,6 +44,20 @@ class SparseParams:
         self.radius[slot] = options.pool_kernel // 2
         self.uniform[slot] = options.selection == "uniform"
         self.mean_scoring[slot] = options.scoring == "mean"
+
+
+def same_layout(a: BatchLayout, b: BatchLayout) -> bool:
+    """Whether two steps pack the same sequences the same way (no cache fills,
+    no rebuilds): one step's inputs serve the other over the canvas as it is then."""
+    if a.fill is not None or b.fill is not None or a.rebuild.any() or b.rebuild.any():
+        return False
+    if a.has_twins != b.has_twins or not np.array_equal(a.request_seq, b.request_seq) \
+            or not np.array_equal(a.twin_seq, b.twin_seq):
+        return False
+    return all(
+        (x is None and y is None) or (x is not None and y is not None and np.array_equal(x, y))
+        for x, y in ((getattr(a.sequences, f.name), getattr(b.sequences, f.name)) for f in fields(a.sequences))
+    )
 
 
 def batch_layout(

@@ -26,7 +26,7 @@ from vllm_dllm.decoding.base import SpecialIds
 from vllm_dllm.decoding.logits import LMHead, chunked_reduce
 from vllm_dllm.decoding.logprobs import LogprobsCollector
 from vllm_dllm.engine.batch import RequestBatch
-from vllm_dllm.engine.batch_layout import BatchLayout, batch_layout
+from vllm_dllm.engine.batch_layout import BatchLayout, batch_layout, same_layout
 from vllm_dllm.engine.batch_phases import POLICY_NONE
 from vllm_dllm.engine.graphs import ReuseGraphs
 from vllm_dllm.engine.prompt_scoring import PromptLogprobs, ScoringContext
@@ -185,10 +185,13 @@ class StepEngine(RequestBatch):
             slots = to_device(slots_dec, self.device)
             width = int(h.gen_length[slots_dec].max())
             seqs = to_device(np.stack([batch.request_seq[decoding], batch.twin_seq[decoding]]), self.device)
-            tally = self._denoise(slots_dec, slots, width, self._row_bases(slots, seqs, inputs), batch.has_twins,
-                                  hidden)
+            bases = self._row_bases(slots, seqs, inputs)
+            tally = self._denoise(slots_dec, slots, width, bases, batch.has_twins, hidden)
             if later is not None:
-                ran, tally = self._run_later_steps(slots_host, slots, width, later, steps, tally)
+                # Later steps laid out as the first (Refreshes without a cache, Reuse
+                # steps inside a block) reuse its inputs.
+                reuse = (inputs, bases) if same_layout(batch, later) else None
+                ran, tally = self._run_later_steps(slots_host, slots, width, later, steps, tally, reuse)
             report = self._report(slots, width, tally)
             progress = report[:, 2:4].numpy()
             h.block[slots_dec], h.block_step[slots_dec] = progress[:, 0], progress[:, 1]
@@ -239,15 +242,16 @@ class StepEngine(RequestBatch):
         evicted[slots_host] = False  # the first step refreshes an evicted cache
         return batch_layout(host, self.sparse, evicted, self.copies, slots_host)
 
-    def _run_later_steps(self, slots_host, slots, width, later: BatchLayout, steps: int, tally):
-        """Steps 2..`steps` of a call over one layout, while `_goes_on`.  Returns the
+    def _run_later_steps(self, slots_host, slots, width, later: BatchLayout, steps: int, tally, reuse=None):
+        """Steps 2..`steps` of a call over one layout, while `_goes_on`; `reuse`: the
+        first step's (inputs, row bases) when its layout is `later`.  Returns the
         steps run and the summed tally."""
         check = _CallCheck(
             start_block=to_device(self.host.block[slots_host], self.device), stop_ids=self.stop_ids[slots],
             output_length=self.decode.output_length[slots], columns=torch.arange(width, device=self.device),
         )
         seqs = to_device(np.stack([later.request_seq, later.twin_seq]), self.device)
-        inputs = bases = None
+        inputs, bases = reuse or (None, None)
         ran = 1
         for _ in range(1, steps):
             if not self._goes_on(slots, width, check):
