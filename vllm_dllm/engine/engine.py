@@ -29,9 +29,10 @@ from vllm_dllm.engine.batch import RequestBatch
 from vllm_dllm.engine.batch_layout import BatchLayout, batch_layout, same_layout
 from vllm_dllm.engine.batch_phases import POLICY_NONE
 from vllm_dllm.engine.graphs import ReuseGraphs
-from vllm_dllm.engine.prompt_scoring import PromptLogprobs, ScoringContext
+from vllm_dllm.engine.prompt_scoring import ScoringContext
 from vllm_dllm.engine.memory_profile import peak_step
 from vllm_dllm.engine.step_inputs import build_step_inputs, to_device
+from vllm_dllm.engine.step_output import StepOutput
 
 logger = logging.getLogger(__name__)
 
@@ -40,25 +41,6 @@ ModelContext = Callable[[int], contextlib.AbstractContextManager]
 
 def _no_context(num_tokens: int) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
-
-
-@dataclass
-class StepOutput:
-    new_tokens: list[list[int]]  # per scheduled request, in order
-    logits_rows: int  # LM-head rows this step computed
-    progress: list[tuple[int, int]]  # per scheduled request: (block, step in block) of its next step
-    edits: int = 0  # committed tokens the step rewrote (token editing)
-    steps: int = 1  # denoising steps the call ran
-    query_tokens: int = 0  # query tokens its forwards ran
-    # For the requests that asked for logprobs, a row per new token, in request
-    # order: (token ids [T, k + 1], logprobs [T, k + 1], ranks [T]) and each
-    # request's first row (requests that did not ask take no rows).
-    logprobs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-    logprobs_start: list[int] | None = None
-    # Prompt logprobs of requests streaming their first tokens (engine/prompt_scoring.py).
-    prompt_logprobs: dict[str, PromptLogprobs] = dataclasses.field(default_factory=dict)
-    # ELBO estimates of requests scored this step (engine/likelihood.py).
-    likelihoods: dict[str, dict] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
