@@ -50,4 +50,5 @@ def test_calls_run_a_blocks_steps_and_yield_to_an_admissible_arrival(tiny_dirs):
                     outputs[out.request_id] = list(out.outputs[0].token_ids)
     finally:
         close_engine(llm)
-    assert outputs["a"] == outputs["b"] and len(outputs["a"]) == 32
+    # Both run to the end (their tokens against one step per call: test_multi_step_calls.py).
+    assert len(outputs["a"]) == len(outputs["b"]) == 32

@@ -232,7 +232,6 @@ class StepEngine(RequestBatch):
             start_block=to_device(self.host.block[slots_host], self.device), stop_ids=self.stop_ids[slots],
             output_length=self.decode.output_length[slots], columns=torch.arange(width, device=self.device),
         )
-        seqs = to_device(np.stack([later.request_seq, later.twin_seq]), self.device)
         inputs, bases = reuse or (None, None)
         ran = 1
         for _ in range(1, steps):
@@ -240,6 +239,7 @@ class StepEngine(RequestBatch):
                 break
             if inputs is None:
                 inputs = self._inputs(later)
+                seqs = to_device(np.stack([later.request_seq, later.twin_seq]), self.device)
                 bases = self._row_bases(slots, seqs, inputs)
             else:
                 inputs.read_tokens(self.decode.canvas)
