@@ -258,6 +258,10 @@ def test_torch_backend_matches_a_per_sequence_loop():
     torch.testing.assert_close(cache, expected_cache, rtol=0, atol=0)
     # Padded and unpadded SDPA accumulate in different orders: float32 rounding only.
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    # Both ways of reading keys ran: the lone sequences' groups sliced to their keys
+    # (no mask), the request and its twin (one length, two offsets) masked.
+    dense = {int(g.seq_index[0]): g.dense_keys for g in inputs.metadata.groups}
+    assert dense == {0: (0, 37), 1: None, 2: (0, 50)}
     # The twin's query slots follow its request's in the same blocks, never overlap.
     twin_rows = slice(int(inputs.query_start_loc[3]), int(inputs.query_start_loc[4]))
     cond_rows = slice(int(inputs.query_start_loc[1]), int(inputs.query_start_loc[2]))

@@ -41,6 +41,10 @@ class QueryGroup:
     uniform: bool  # every sequence has max_query_len queries: the rows are the grid
     kv_blocks: torch.Tensor  # int64 [G, blocks]: pool blocks holding each sequence's K/V
     kv_valid: torch.Tensor  # bool [G, blocks * block_size]
+    # (start, stop) when every sequence's valid columns are exactly that one range (a
+    # lone sequence, or sequences of one length and offset): the grid is sliced to it
+    # and attends without a mask, which SDPA runs faster.  None: kv_valid masks.
+    dense_keys: tuple[int, int] | None = None
 
 
 @dataclass

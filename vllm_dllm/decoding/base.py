@@ -134,6 +134,9 @@ class BatchedRule(ABC):
         # Values a call's first step computes and its later steps reuse (per_call).
         self._call_values: dict[str, object] = {}
         self._later = False
+        # Whether a request of the batch may rewrite committed tokens of its active
+        # block (token editing): its final prefix then ends before its first mask.
+        self.rewrites_committed = False
 
     def prepare(self, slots_host) -> None:
         """Batch-level facts for this step, from host (numpy) copies of the
@@ -227,16 +230,15 @@ class BatchedRule(ABC):
         """
         state = self.state
         width = plan.candidates.shape[1]
-        keys = self.ranking_keys(slots, plan, confidence).double()
-        keys = torch.where(keys == float("-inf"), _LOWEST_CANDIDATE, keys)
+        keys = self.ranking_keys(slots, plan, confidence).double().clamp(min=_LOWEST_CANDIDATE)
         keys = torch.where(plan.candidates, keys, float("-inf"))
         ordered, order = torch.sort(keys, dim=1, descending=True, stable=True)
-        columns = torch.arange(width, device=keys.device).expand_as(order)
+        columns = self.per_call("columns", lambda: torch.arange(width, device=keys.device).expand_as(order))
         rank = torch.empty_like(order).scatter_(1, order, columns)
         chosen = rank < self.commit_count(slots, plan, ordered)[:, None]
         state.canvas[slots, :width] = torch.where(chosen, tokens, state.canvas[slots, :width])
         # index_add_: a step's slots are distinct, and integers add exactly.
-        state.step.index_add_(0, slots, torch.ones_like(slots))
+        state.step.index_add_(0, slots, self.per_call("ones", lambda: torch.ones_like(slots)))
         done = self.block_done(slots, plan)
         state.block.index_add_(0, slots, done.long())
         state.block_step[slots] = torch.where(done, 0, state.block_step[slots] + 1)

@@ -17,9 +17,19 @@ from vllm_dllm.decoding.base import BatchedRule, DecodeState, CandidatePlan
 from vllm_dllm.options import LLADA, LLaDAOptions
 
 
+def transfer_parts(num_masked: torch.Tensor, steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A block's schedule: every step commits m // steps, the first m % steps one more."""
+    return num_masked // steps, num_masked % steps
+
+
+def count_at(parts: tuple[torch.Tensor, torch.Tensor], step_in_block: torch.Tensor) -> torch.Tensor:
+    share, extra = parts
+    return share + (step_in_block < extra).long()
+
+
 def transfer_count(num_masked: torch.Tensor, steps: torch.Tensor, step_in_block: torch.Tensor) -> torch.Tensor:
     """Tokens to commit at a step of a block: m // steps, the first m % steps steps get +1."""
-    return num_masked // steps + (step_in_block < num_masked % steps).long()
+    return count_at(transfer_parts(num_masked, steps), step_in_block)
 
 
 class LLaDARule(parallel.ParallelDecoding, BatchedRule):
@@ -73,7 +83,8 @@ class LLaDARule(parallel.ParallelDecoding, BatchedRule):
             return block_masked
 
         block_masked = self.per_call("block_masked", at_block_start)
-        count = torch.minimum(transfer_count(block_masked, spb, step_in_block), masked_now)
+        parts = self.per_call("transfer_parts", lambda: transfer_parts(block_masked, spb))
+        count = torch.minimum(count_at(parts, step_in_block), masked_now)
         return CandidatePlan(candidates=candidates, count=count)
 
     def _block_window(self, slots: torch.Tensor, width: int) -> torch.Tensor:

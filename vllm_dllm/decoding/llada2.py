@@ -97,6 +97,7 @@ class LLaDA2Rule(BatchedRule):
         self.lead = zeros(torch.long)
         self.threshold = zeros(torch.float32)
         self.editing = zeros(torch.bool)
+        self.editing_host = np.zeros(cap, dtype=bool)
         self.editing_threshold = zeros(torch.float32)
         self.max_post_steps = zeros(torch.long)
         self.num_to_transfer = zeros(torch.long)
@@ -120,6 +121,7 @@ class LLaDA2Rule(BatchedRule):
         self.lead[slot] = options.lead
         self.threshold[slot] = options.threshold
         self.editing[slot] = options.editing_threshold is not None
+        self.editing_host[slot] = options.editing_threshold is not None
         self.editing_threshold[slot] = options.editing_threshold or 0.0
         self.max_post_steps[slot] = options.max_post_steps
         self.num_to_transfer[slot] = options.num_to_transfer
@@ -138,6 +140,7 @@ class LLaDA2Rule(BatchedRule):
         slots_host = np.asarray(slots_host)
         self.top_k_max = int(self.top_k_host[slots_host].max(initial=0))
         self.any_top_p = bool((self.top_p_host[slots_host] < 1).any())
+        self.rewrites_committed = bool(self.editing_host[slots_host].any())
         self.parallel.prepare(slots_host)
 
     def block_range(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -51,6 +51,7 @@ class _CallCheck:
     stop_ids: torch.Tensor  # [R, STOP_SLOTS]
     output_length: torch.Tensor
     columns: torch.Tensor  # arange(width)
+    within: torch.Tensor  # bool [R, width]: the columns before each request's output length
 
 
 _CANVAS = 5  # the report's first canvas column (after final, candidates, block, block step, edits)
@@ -106,6 +107,7 @@ class StepEngine(RequestBatch):
         self.backend = backend
         self.logits_shift = bool(getattr(model, "logits_shift", False))
         self.graphs = None
+        self._call_logprobs_k: int | None = None  # the top logprobs this call's requests asked for
         if cuda_graphs and (device.type == "cuda" or graph_capture is not None):
             if getattr(backend, "graph_safe", False):
                 self.graphs = ReuseGraphs(
@@ -168,12 +170,12 @@ class StepEngine(RequestBatch):
             width = int(h.gen_length[slots_dec].max())
             seqs = to_device(np.stack([batch.request_seq[decoding], batch.twin_seq[decoding]]), self.device)
             bases = self._row_bases(slots, seqs, inputs)
-            tally = self._denoise(slots_dec, slots, width, bases, batch.has_twins, hidden)
+            tally = [self._denoise(slots_dec, slots, width, bases, batch.has_twins, hidden)]
             if later is not None:
                 # Later steps laid out as the first (Refreshes without a cache, Reuse
                 # steps inside a block) reuse its inputs.
                 reuse = (inputs, bases) if same_layout(batch, later) else None
-                ran, tally = self._run_later_steps(slots_host, slots, width, later, steps, tally, reuse)
+                ran = self._run_later_steps(slots_host, slots, width, later, steps, tally, reuse)
             report = self._report(slots, width, tally)
             progress = report[:, 2:4].numpy()
             h.block[slots_dec], h.block_step[slots_dec] = progress[:, 0], progress[:, 1]
@@ -226,11 +228,12 @@ class StepEngine(RequestBatch):
 
     def _run_later_steps(self, slots_host, slots, width, later: BatchLayout, steps: int, tally, reuse=None):
         """Steps 2..`steps` of a call over one layout, while `_goes_on`; `reuse`: the
-        first step's (inputs, row bases) when its layout is `later`.  Returns the
-        steps run and the summed tally."""
+        first step's (inputs, row bases) when its layout is `later`.  Appends each
+        step's tally to `tally`; returns the steps run."""
+        output_length, columns = self.decode.output_length[slots], torch.arange(width, device=self.device)
         check = _CallCheck(
             start_block=to_device(self.host.block[slots_host], self.device), stop_ids=self.stop_ids[slots],
-            output_length=self.decode.output_length[slots], columns=torch.arange(width, device=self.device),
+            output_length=output_length, columns=columns, within=columns < output_length[:, None],
         )
         inputs, bases = reuse or (None, None)
         ran = 1
@@ -244,10 +247,9 @@ class StepEngine(RequestBatch):
             else:
                 inputs.read_tokens(self.decode.canvas)
             hidden = self._forward(later, inputs)
-            step_tally = self._denoise(slots_host, slots, width, bases, later.has_twins, hidden, first=False)
-            tally = tally + step_tally
+            tally.append(self._denoise(slots_host, slots, width, bases, later.has_twins, hidden, first=False))
             ran += 1
-        return ran, tally
+        return ran
 
     def _goes_on(self, slots, width: int, check: "_CallCheck") -> bool:
         """Whether a call runs another step (one sync): not once a request's block has
@@ -255,10 +257,17 @@ class StepEngine(RequestBatch):
         every request has streamed what finishes it (its last token, or a stop token
         among its final ones: vLLM ends it at the end of the call)."""
         decode = self.decode
-        final = self.rule.num_final(slots, width)
-        stops = (decode.canvas[slots, :width, None] == check.stop_ids[:, None, :]).any(dim=2)
-        finished = (stops & (check.columns < final[:, None])).any(dim=1) | (final >= check.output_length)
-        return bool(((decode.block[slots] == check.start_block).all() & ~finished.all()).item())
+        tokens = decode.canvas[slots, :width]
+        stops = (tokens[:, :, None] == check.stop_ids[:, None, :]).any(dim=2)
+        if self.rule.rewrites_committed:
+            final = self.rule.num_final(slots, width)
+            finished = (stops & (check.columns < final[:, None])).any(dim=1) | (final >= check.output_length)
+            waiting = ~finished
+        else:
+            # Inside its block a request's final prefix ends at its first mask: it waits
+            # while a mask comes before its output's end and before its every stop token.
+            waiting = (tokens == self.ids.mask) & (stops.cumsum(dim=1) == 0) & check.within
+        return bool(((decode.block[slots] == check.start_block).all() & waiting.any()).item())
 
     def _inputs(self, batch: BatchLayout):
         return build_step_inputs(
@@ -297,10 +306,12 @@ class StepEngine(RequestBatch):
     def _denoise(self, slots_host, slots, width, bases, has_twins, hidden,
                  first: bool = True) -> torch.Tensor:
         """The rule's step for the requests in `slots_host` (their candidates' rows of
-        `hidden` from `bases`, _row_bases), and its tally per request: [candidates,
-        edits].  `first`: the call's first step (later ones keep the rule's
-        batch-level facts)."""
-        logprobs_k = self.logprobs.step_width(slots_host)
+        `hidden` from `bases`, _row_bases), and its tally per request: its candidates,
+        and [candidates, edits] where the rule may rewrite committed tokens.  `first`:
+        the call's first step (later ones keep the rule's batch-level facts)."""
+        if first:  # the same requests through the call
+            self._call_logprobs_k = self.logprobs.step_width(slots_host)
+        logprobs_k = self._call_logprobs_k
         collector = (LogprobsCollector(logprobs_k, self.device, self.lm_head.vocab)
                      if logprobs_k is not None else None)
         before = self.decode.canvas[slots, :width].clone() if collector is not None else None
@@ -314,12 +325,17 @@ class StepEngine(RequestBatch):
             # the logprob row of this step.
             written = self.decode.canvas[slots[done.rows], done.positions] != before[done.rows, done.positions]
             self.logprobs.record(slots_host, done.rows, done.positions, written, collector.result())
-        return torch.stack([done.plan.candidates.sum(dim=1), self.rule.edits(slots)], dim=1)
+        candidates = done.plan.candidates.sum(dim=1)
+        if not self.rule.rewrites_committed:  # no edits to count
+            return candidates
+        return torch.stack([candidates, self.rule.edits(slots)], dim=1)
 
-    def _report(self, slots, width: int, tally: torch.Tensor) -> torch.Tensor:
+    def _report(self, slots, width: int, tallies: list[torch.Tensor]) -> torch.Tensor:
         """Per request: the count of final tokens, the call's candidates, its (block,
-        step in block), its edits, then its canvas."""
+        step in block), its edits (`tallies`: _denoise's, a step each), then its canvas."""
         decode = self.decode
+        tally = torch.stack(tallies).sum(dim=0)
+        tally = torch.stack([tally, torch.zeros_like(tally)], dim=1) if tally.dim() == 1 else tally
         final = self.rule.num_final(slots, width)
         return torch.cat(
             [final[:, None], tally[:, :1], decode.block[slots, None], decode.block_step[slots, None], tally[:, 1:],

@@ -283,4 +283,11 @@ def _group(rows, members, query_seq, query_row, layout: SequenceLayout, seqs, ta
         uniform=bool((counts == counts[0]).all()),
         kv_blocks=tables[seq_index].gather(1, to_device(block_cols, device)),
         kv_valid=to_device(valid, device),
+        dense_keys=_dense_keys(offset, length),
     )
+
+
+def _dense_keys(offset: np.ndarray, length: np.ndarray) -> tuple[int, int] | None:
+    if (offset == offset[0]).all() and (length == length[0]).all():
+        return int(offset[0]), int(offset[0] + length[0])
+    return None

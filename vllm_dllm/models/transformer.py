@@ -125,9 +125,19 @@ class Block(nn.Module):
         self.post_attn_norm = RMSNorm(shape.hidden_size, eps=shape.rms_norm_eps)
         self.mlp = GatedMLP(shape, quant_config, prefix=f"{prefix}.mlp")
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(positions, self.input_norm(x))
-        return x + self.mlp(self.post_attn_norm(x))
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this block's output, the residual stream before it): each norm adds the
+        previous output into the stream as it normalises (one fused op, as vLLM's
+        Llama does), and the next block or the final norm adds the last one."""
+        if residual is None:
+            x, residual = self.input_norm(x), x
+        else:
+            x, residual = self.input_norm(x, residual)
+        x = self.attn(positions, x)
+        x, residual = self.post_attn_norm(x, residual)
+        return self.mlp(x), residual
 
 
 class BidirectionalTransformer(nn.Module):
@@ -146,10 +156,10 @@ class BidirectionalTransformer(nn.Module):
         self.logits_processor = LogitsProcessor(shape.vocab_size)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = self.embed(input_ids)
+        x, residual = self.embed(input_ids), None
         for layer in self.layers:
-            x = layer(positions, x)
-        return self.final_norm(x)
+            x, residual = layer(positions, x, residual)
+        return self.final_norm(x, residual)[0]
 
     def project(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """Logits for a chunk of hidden rows (full vocabulary, gathered over TP)."""
