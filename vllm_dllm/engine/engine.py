@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -28,6 +27,7 @@ from vllm_dllm.decoding.logprobs import LogprobsCollector
 from vllm_dllm.engine.batch import RequestBatch
 from vllm_dllm.engine.batch_layout import BatchLayout, batch_layout, same_layout
 from vllm_dllm.engine.batch_phases import POLICY_NONE
+from vllm_dllm.engine.call_check import CallCheck
 from vllm_dllm.engine.graphs import ReuseGraphs
 from vllm_dllm.engine.prompt_scoring import ScoringContext
 from vllm_dllm.engine.memory_profile import peak_step
@@ -41,17 +41,6 @@ ModelContext = Callable[[int], contextlib.AbstractContextManager]
 
 def _no_context(num_tokens: int) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
-
-
-@dataclass(frozen=True)
-class _CallCheck:
-    """What `_goes_on` reads that stays fixed through a call, gathered once."""
-
-    start_block: torch.Tensor  # each request's block when the call began
-    stop_ids: torch.Tensor  # [R, STOP_SLOTS]
-    output_length: torch.Tensor
-    columns: torch.Tensor  # arange(width)
-    within: torch.Tensor  # bool [R, width]: the columns before each request's output length
 
 
 _CANVAS = 5  # the report's first canvas column (after final, candidates, block, block step, edits)
@@ -230,11 +219,8 @@ class StepEngine(RequestBatch):
         """Steps 2..`steps` of a call over one layout, while `_goes_on`; `reuse`: the
         first step's (inputs, row bases) when its layout is `later`.  Appends each
         step's tally to `tally`; returns the steps run."""
-        output_length, columns = self.decode.output_length[slots], torch.arange(width, device=self.device)
-        check = _CallCheck(
-            start_block=to_device(self.host.block[slots_host], self.device), stop_ids=self.stop_ids[slots],
-            output_length=output_length, columns=columns, within=columns < output_length[:, None],
-        )
+        check = CallCheck.gather(to_device(self.host.block[slots_host], self.device), self.stop_ids[slots],
+                                 self.decode.output_length[slots], width)
         inputs, bases = reuse or (None, None)
         ran = 1
         for _ in range(1, steps):
@@ -251,23 +237,14 @@ class StepEngine(RequestBatch):
             ran += 1
         return ran
 
-    def _goes_on(self, slots, width: int, check: "_CallCheck") -> bool:
-        """Whether a call runs another step (one sync): not once a request's block has
-        ended (a parallel decoding rule; its next step is laid out anew), nor once
-        every request has streamed what finishes it (its last token, or a stop token
-        among its final ones: vLLM ends it at the end of the call)."""
-        decode = self.decode
-        tokens = decode.canvas[slots, :width]
-        stops = (tokens[:, :, None] == check.stop_ids[:, None, :]).any(dim=2)
+    def _goes_on(self, slots, width: int, check: CallCheck) -> bool:
+        """Whether a call runs another step (call_check.py; one sync)."""
+        tokens = self.decode.canvas[slots, :width]
         if self.rule.rewrites_committed:
-            final = self.rule.num_final(slots, width)
-            finished = (stops & (check.columns < final[:, None])).any(dim=1) | (final >= check.output_length)
-            waiting = ~finished
+            waiting = check.waiting(tokens, self.rule.num_final(slots, width))
         else:
-            # Inside its block a request's final prefix ends at its first mask: it waits
-            # while a mask comes before its output's end and before its every stop token.
-            waiting = (tokens == self.ids.mask) & (stops.cumsum(dim=1) == 0) & check.within
-        return bool(((decode.block[slots] == check.start_block).all() & waiting.any()).item())
+            waiting = check.waiting_at_masks(tokens, self.ids.mask)
+        return check.goes_on(self.decode.block[slots], waiting)
 
     def _inputs(self, batch: BatchLayout):
         return build_step_inputs(
