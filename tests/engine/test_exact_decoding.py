@@ -179,13 +179,30 @@ def _special(model_dir: str) -> dict:
     return {"mask": config["mask_token_id"], "eos": config["eos_token_id"], "eot": vocab.get("<|eot_id|>")}
 
 
+# A small LM-head tile: 20 rows of the tiny vocabulary (320), whose 25,600 bytes also
+# bound the FFN (3 x 256 float32 intermediate per token): 8 tokens per FFN chunk, so
+# every Refresh runs its FFN in chunks (models/token_chunks.py).
+MAX_NUM_LOGITS = 20
+FFN_CHUNK_ROWS = 8
+
+
 @pytest.fixture(scope="module", params=["llada", "dream"])
 def served(request, tiny_dirs):
     arch = request.param
     model_dir = tiny_dirs(arch)
-    llm = make_engine(model_dir)
+    llm = make_engine(model_dir, additional_config={"dllm": {"max_num_logits": MAX_NUM_LOGITS}})
     yield arch, model_dir, llm
     close_engine(llm)
+
+
+def _ffn_chunk_rows(worker) -> list:
+    return [m.max_rows for m in worker.model_runner.model.modules() if hasattr(m, "limit_activation")]
+
+
+def test_refresh_steps_run_their_ffn_in_chunks(served):
+    _, _, llm = served
+    (rows,) = llm.collective_rpc(_ffn_chunk_rows)
+    assert rows and set(rows) == {FFN_CHUNK_ROWS}  # every layer; under any case's prompt + canvas
 
 
 def test_exact_mode_matches_oracle_and_is_batch_invariant(served):

@@ -27,6 +27,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
 
 from vllm_dllm.attention.paged import DiffusionAttention
 from vllm_dllm.models.rope import Rotary
+from vllm_dllm.models.token_chunks import balanced_chunks, rows_within
 
 
 @dataclass(frozen=True)
@@ -110,8 +111,26 @@ class GatedMLP(nn.Module):
             prefix=f"{prefix}.down_proj",
         )
         self.act = SiluAndMul()
+        # Rows per FFN chunk (models/token_chunks.py); None: every step runs whole.
+        self.max_rows: int | None = None
+        self.activation_bytes = torch.get_default_dtype().itemsize  # vLLM builds in the model's dtype
+
+    def limit_activation(self, budget_bytes: int) -> None:
+        """Run steps whose intermediate (gate and up, then their activation: three
+        times this rank's intermediate width per row) would exceed `budget_bytes` in
+        chunks of tokens that each fit it."""
+        width = self.down_proj.input_size_per_partition
+        self.max_rows = rows_within(budget_bytes, 3 * width * self.activation_bytes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.max_rows is None or len(x) <= self.max_rows:
+            return self._project(x)
+        out = torch.empty_like(x)
+        for start, stop in balanced_chunks(len(x), self.max_rows):
+            out[start:stop] = self._project(x[start:stop])
+        return out
+
+    def _project(self, x: torch.Tensor) -> torch.Tensor:
         x, _ = self.gate_up_proj(x)
         x, _ = self.down_proj(self.act(x))
         return x

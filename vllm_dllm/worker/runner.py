@@ -27,6 +27,7 @@ from vllm_dllm.serving.compat import runner_output_order
 from vllm_dllm.engine.engine import StepEngine
 from vllm_dllm.engine.graphs import capture_cuda_graph
 from vllm_dllm.engine.likelihood import elbo_task
+from vllm_dllm.models.token_chunks import limit_activations, logits_tile_bytes
 from vllm_dllm.options import DecodeOptions
 from vllm_dllm.serving.server_config import BLOCK_CAUSAL_KINDS, prefill_chunk, server_defaults
 from vllm_dllm.worker.kv_pool import bind_kv_pool
@@ -118,6 +119,9 @@ class DiffusionModelRunner:
         before = _device_memory_allocated(self.device)
         self.model = get_model(vllm_config=self.vllm_config)
         self.model_memory_usage = _device_memory_allocated(self.device) - before
+        # The LM head's tile is the step's activation budget: wider FFN steps run in chunks.
+        head_rows = self.model.output_head().num_embeddings_per_partition
+        limit_activations(self.model, logits_tile_bytes(self.defaults.max_num_logits, head_rows))
         logger.info("Diffusion model loaded; special ids %s", special_ids(self.model_config, self.defaults.kind))
         self._build_engine()
 
