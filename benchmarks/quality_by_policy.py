@@ -13,6 +13,13 @@ schedule and where K/V comes from:
   dual            dual cache: Reuse steps recompute the block only
   dual+refresh4   dual cache, refreshed every 4 steps inside a block as well
   dual+delay1     dual cache filled one step late (Sparse-dLLM's delayed fill)
+  vicinityN       vicinity cache: Reuse steps recompute the block and N positions on
+                  each side of it (dInfer's Vicinity Refresh)
+  ...+threshold   the same cache under Fast-dLLM's threshold rule (0.9): several
+                  tokens a step where the model is confident, fewer forwards
+
+Each row also gives the query tokens a request's forwards ran (the price the
+scheduler charges), from the plugin's per-step histogram.
 """
 
 from __future__ import annotations
@@ -35,7 +42,12 @@ POLICIES = {
     "dual": {"cache": "dual"},
     "dual+refresh4": {"cache": "dual", "refresh_interval": 4},
     "dual+delay1": {"cache": "dual", "delay_step": 1},
+    "vicinity4": {"cache": "vicinity", "vicinity": 4},
+    "vicinity16": {"cache": "vicinity", "vicinity": 16},
+    "dual+threshold": {"cache": "dual", "decoding": "threshold", "threshold": 0.9},
+    "vicinity4+threshold": {"cache": "vicinity", "vicinity": 4, "decoding": "threshold", "threshold": 0.9},
 }
+QUERY_TOKENS = "vllm:diffusion_scheduled_query_tokens_per_step_sum"
 
 
 def xargs_for(policy: str, task: str) -> dict:
@@ -49,7 +61,8 @@ def write_table(rows: list[dict], out: pathlib.Path) -> None:
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     by_key = {(r["policy"], r["task"]): r for r in rows}
     lines = [
-        "Exact-match accuracy [95% interval] / characters in place, per task.",
+        "Exact-match accuracy [95% interval] / characters in place / denoising steps per token /"
+        " query tokens per request, per task.",
         "",
         "| policy | " + " | ".join(tasks) + " |",
         "|---|" + "---|" * len(tasks),
@@ -59,7 +72,9 @@ def write_table(rows: list[dict], out: pathlib.Path) -> None:
         for task in tasks:
             r = by_key[(policy, task)]
             low, high = r["ci95"]
-            cells.append(f"{r['accuracy']:.1%} [{low:.0%}, {high:.0%}] / {r['char_accuracy']:.0%}")
+            steps = "-" if r.get("steps_per_token") is None else f"{r['steps_per_token']:.2f}"
+            cells.append(f"{r['accuracy']:.1%} [{low:.0%}, {high:.0%}] / {r['char_accuracy']:.0%} / {steps}"
+                         f" / {r.get('query_tokens', 0):.0f}")
         lines.append(f"| {policy} | " + " | ".join(cells) + " |")
     (out / "quality.md").write_text("\n".join(lines) + "\n")
 
@@ -75,7 +90,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     points = [({"policy": policy}, task, xargs_for(policy, task))
               for policy in args.policies.split(",") for task in args.tasks.split(",")]
-    rows = run_points(args.model, points, args.n, args.seed)
+    rows = run_points(args.model, points, args.n, args.seed, counters={"query_tokens": QUERY_TOKENS})
     (args.out / "quality.json").write_text(json.dumps({"model": args.model, "n": args.n, "rows": rows}, indent=2) + "\n")
     write_table(rows, args.out)
     print((args.out / "quality.md").read_text())

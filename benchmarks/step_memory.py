@@ -12,8 +12,9 @@ sequence of T query tokens (the largest phase a step has), its peak of live tens
 bytes above what was live before it, from torch.profiler's allocation events (so the
 allocator's caching does not enter).  The LM head's tile is reported beside it:
 `max_num_logits` rows of float32 logits, which the LM head never exceeds and which
-bounds the FFN's chunks.  Both peaks grow linearly in T; the fit gives the largest
-Refresh a fixed activation budget allows, chunked and whole.  `--time-tokens`: the
+bounds the FFN's chunks.  Both peaks grow linearly in T past the tile; the largest
+Refresh a fixed activation budget allows, chunked and whole, comes from the measured
+points (past the longest, along the slope of the two longest).  `--time-tokens`: the
 forward's wall time at that T, chunked and whole, interleaved, medians.
 """
 
@@ -105,11 +106,22 @@ def refresh_forward(worker, tokens: int, chunked: bool, measure: str):
 
 
 def fit(points: list[tuple[int, int]]) -> tuple[float, float]:
-    """Least-squares (intercept, bytes per token)."""
-    xs, ys = [p[0] for p in points], [p[1] for p in points]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    return my - slope * mx, slope
+    """(intercept, bytes per token) through the two longest Refreshes: chunking starts
+    only past the tile, so the shorter ones lie on the unchunked line."""
+    (x0, y0), (x1, y1) = sorted(points)[-2:]
+    slope = (y1 - y0) / (x1 - x0)
+    return y1 - slope * x1, slope
+
+
+def largest_within(points: list[tuple[int, int]], budget: float) -> float:
+    """The longest Refresh whose peak fits `budget`: between measured points by linear
+    interpolation, past the longest along the fit's slope."""
+    points = sorted(points)
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if y0 <= budget < y1:
+            return x0 + (budget - y0) * (x1 - x0) / (y1 - y0)
+    intercept, slope = fit(points)
+    return (budget - intercept) / slope
 
 
 def main(argv=None) -> int:
@@ -120,7 +132,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--time-tokens", type=int, default=2048)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--budget-gib", type=float, nargs="+", default=[1.0, 2.0, 4.0])
+    ap.add_argument("--budget-gib", type=float, nargs="+", default=[0.25, 0.5, 0.75])
     args = ap.parse_args(argv)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
@@ -179,14 +191,14 @@ def table(result: dict, budgets: list[float]) -> str:
         for p in run["points"]:
             lines.append(f"| {p['tokens']} | {p['whole'] / mib:.0f} | {p['chunked'] / mib:.0f} | "
                          f"{p['whole'] / p['chunked']:.2f}x | {p['ffn_chunk_rows']} |")
-        (a0, b0), (a1, b1) = run["fit_whole"], run["fit_chunked"]
-        lines += ["", f"Fit: whole {a0 / mib:.0f} MiB + {b0 / 1024:.1f} KiB/token; chunked {a1 / mib:.0f} MiB + "
-                  f"{b1 / 1024:.1f} KiB/token (chunked keeps at least the LM-head tile's worth per chunk).", "",
-                  "| activation budget | largest Refresh, whole | largest Refresh, FFN chunked | ratio |",
+        (_, b0), (_, b1) = run["fit_whole"], run["fit_chunked"]
+        lines += ["", f"Past the tile a token costs {b0 / 1024:.1f} KiB whole, {b1 / 1024:.1f} KiB with the FFN chunked.",
+                  "", "| activation budget | largest Refresh, whole | largest Refresh, FFN chunked | ratio |",
                   "|---|---|---|---|"]
         for gib in budgets:
             budget = gib * (1 << 30)
-            whole, chunked = (budget - a0) / b0, (budget - a1) / b1
+            whole, chunked = (largest_within([(p["tokens"], p[side]) for p in run["points"]], budget)
+                              for side in ("whole", "chunked"))
             lines.append(f"| {gib:g} GiB | {whole:,.0f} | {chunked:,.0f} | {chunked / whole:.2f}x |")
         s = run["seconds"]
         lines += ["", f"Refresh forward of {run['time_tokens']} tokens: whole {s['whole']:.2f} s, chunked "

@@ -85,6 +85,7 @@ def llada_generate(
     delay_step: int = 0,
     decoding: str = "fixed",
     sparse: dict | None = None,
+    vicinity: int = 0,
     commit_logits: dict[int, torch.Tensor] | None = None,
     **rule_params: float,
 ) -> OracleResult:
@@ -101,6 +102,8 @@ def llada_generate(
     twin runs the same phases with its own cache.  `model` needs `forward_queries` unless
     cache == "none".  cache="sparse": dual's phases, a Reuse seeing per KV head only the
     positions that head kept at the Refresh (`sparse`: retention, pool_kernel, selection).
+    cache="vicinity" (dInfer): dual's phases, a Reuse also running `vicinity` positions on
+    each side of the block.
 
     decoding != "fixed" (Fast-dLLM's threshold and factor rules, the EB-sampler's
     entropy bound): a step commits the rule's count of the block's masked positions
@@ -156,7 +159,7 @@ def llada_generate(
                     logits = model.forward(x).clone()
             else:
                 batch = _cfg_batch(x, prompt_index, mask_id) if cfg_scale > 0.0 else x
-                reuse_lo, reuse_hi = reuse_query_range(cache, prompt_len, gen_length, block, block_length)
+                reuse_lo, reuse_hi = reuse_query_range(cache, prompt_len, gen_length, block, block_length, vicinity)
                 if refresh:
                     lo, hi = 0, seq_len
                     out, kv_cache = model.forward_queries(batch, None, None, return_kv=True, return_q=True)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from tests import sparse_reference
 
-CACHE_POLICIES = ("none", "prefix", "dual", "sparse")
+CACHE_POLICIES = ("none", "prefix", "dual", "sparse", "vicinity")
 
 @dataclass
 class OracleResult:
@@ -69,13 +69,17 @@ def is_refresh_step(k: int, has_cache: bool, refresh_interval: int, delay_step: 
     return refresh_interval > 0 and k > delay_step and (k - delay_step) % refresh_interval == 0
 
 
-def reuse_query_range(cache: str, prompt_len: int, gen_length: int, block: int, block_length: int) -> tuple[int, int]:
-    """[lo, hi): the absolute query positions of a Reuse step in `block`."""
+def reuse_query_range(cache: str, prompt_len: int, gen_length: int, block: int, block_length: int,
+                      vicinity: int = 0) -> tuple[int, int]:
+    """[lo, hi): the absolute query positions of a Reuse step in `block` (vicinity: the
+    block and `vicinity` positions on each side, within the sequence)."""
     lo = prompt_len + block * block_length
     if cache == "prefix":
         return lo, prompt_len + gen_length
     if cache in ("dual", "sparse"):
         return lo, lo + block_length
+    if cache == "vicinity":
+        return max(lo - vicinity, 0), min(lo + block_length + vicinity, prompt_len + gen_length)
     raise ValueError(cache)
 
 

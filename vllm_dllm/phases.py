@@ -9,6 +9,9 @@ design), and nothing is written.  Policies (Fast-dLLM's caches):
   dual    Reuse queries are the active block only
   sparse  dual's phases; the cache keeps, per KV head, a share of the positions
           outside the block (attention/sparse.py)
+  vicinity  dual's, with `vicinity` positions on each side of the block also run
+          (dInfer's Vicinity Refresh): the cache near the block is always fresh, and
+          a vicinity covering the sequence reads nothing stale (exact)
 A step refreshes when the request has no cache (its first step), at steps
 0..`delay_step` of each block (Sparse-dLLM's delayed update: the first steps of a
 block run in full and the cache kept is the one filled at step `delay_step`, once
@@ -136,4 +139,6 @@ def block_phase(
     block_start = prompt_len + block * block_length
     if options.cache == "prefix":
         return StepPhase(False, block_start - query_lead(options), seq_len)
-    return StepPhase(False, block_start - query_lead(options), block_start + block_length)
+    span = options.vicinity if options.cache == "vicinity" else 0
+    return StepPhase(False, max(block_start - query_lead(options) - span, 0),
+                     min(block_start + block_length + span, seq_len))

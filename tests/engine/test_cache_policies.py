@@ -1,6 +1,6 @@
-"""KV reuse: the prefix and dual cache policies match the oracle's independent
-implementation token for token (float32), batched or alone, and the engine reports
-the Refresh/Reuse mix it ran."""
+"""KV reuse: the prefix, dual and vicinity cache policies match the oracle's
+independent implementation token for token (float32), batched or alone, and the
+engine reports the Refresh/Reuse mix it ran."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ POLICIES = [
     ("dual", {"refresh_interval": 2}),
     ("prefix", {"delay_step": 1}),
     ("dual", {"delay_step": 1, "refresh_interval": 3}),
+    ("vicinity", {"vicinity": 3}),
+    ("vicinity", {"vicinity": 10, "refresh_interval": 2}),
 ]
 
 
@@ -55,7 +57,7 @@ def test_cache_policies_match_oracle(llada):
         )
         result = oracle.llada_generate(
             model, prompt, cache=extra["cache"], refresh_interval=extra.get("refresh_interval", 0),
-            delay_step=extra.get("delay_step", 0), **kwargs,
+            delay_step=extra.get("delay_step", 0), vicinity=extra.get("vicinity", 0), **kwargs,
         )
         if result.ties == 0:
             assert got == oracle_rules.trim_at_eos(result.tokens, ids["eos"]), f"{extra}"
@@ -64,3 +66,17 @@ def test_cache_policies_match_oracle(llada):
     # The caches are stale by design: some outputs must differ from exact decoding,
     # or the test would not be exercising Reuse steps at all.
     assert differs_from_exact >= 1
+
+
+def test_a_vicinity_covering_the_sequence_decodes_exactly(llada):
+    """Its Reuse steps run every position, so nothing stale is read: the tokens of
+    exact decoding (cache none), at a Reuse step's price of the whole sequence."""
+    _, llm = llada
+    rng = random.Random(5)
+    prompts = [{"prompt_token_ids": random_prompt(rng, n)} for n in (4, 9, 13)]
+    base = {"steps": 32, "block_length": 8}
+    exact = llm.generate(prompts, SamplingParams(max_tokens=32, temperature=0.0, extra_args={**base, "cache": "none"}),
+                         use_tqdm=False)
+    whole = SamplingParams(max_tokens=32, temperature=0.0, extra_args={**base, "cache": "vicinity", "vicinity": 64})
+    got = llm.generate(prompts, whole, use_tqdm=False)
+    assert [list(o.outputs[0].token_ids) for o in got] == [list(o.outputs[0].token_ids) for o in exact]

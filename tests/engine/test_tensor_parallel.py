@@ -48,9 +48,21 @@ def served(request, tiny_dirs):
     model_dir = tiny_dirs(arch)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VLLM_CPU_OMP_THREADS_BIND", thread_binding())
-        llm = make_engine(model_dir, tensor_parallel_size=TP, **ENGINE_STRUCTURED)
+        # A 20-row LM-head tile: every Refresh also runs its FFN (dense, or shared
+        # experts) in chunks, each rank over its share of the FFN width.
+        llm = make_engine(model_dir, tensor_parallel_size=TP, additional_config={"dllm": {"max_num_logits": 20}},
+                          **ENGINE_STRUCTURED)
     yield arch, model_dir, llm
     close_engine(llm)
+
+
+def test_both_ranks_chunk_their_ffn_alike(served):
+    from tests.engine.test_exact_decoding import _ffn_chunk_rows
+
+    _, _, llm = served
+    per_rank = llm.collective_rpc(_ffn_chunk_rows)
+    assert len(per_rank) == TP and per_rank[0] and all(rows == per_rank[0] for rows in per_rank)
+    assert min(per_rank[0]) < 16  # the dense FFN chunks every Refresh (LLaDA2's narrower shared experts: fewer)
 
 
 def _llada_cases():

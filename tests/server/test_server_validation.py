@@ -66,7 +66,7 @@ BAD_REQUESTS = [
     ("steps-more-than-canvas", "completions", {"max_tokens": 16, "vllm_xargs": {"steps": 32}}, ["steps=32 is more than the generation length (max_tokens=16", "use at most 16 steps"]),
     ("refresh_interval-without-cache", "completions", {"max_tokens": 16, "vllm_xargs": {"refresh_interval": 2}}, ["diffusion option 'refresh_interval'=2 only applies with a KV cache, but 'cache' is 'none'"]),
     ("delay_step-without-cache", "chat", {"max_tokens": 16, "vllm_xargs": {"delay_step": 1}}, ["diffusion option 'delay_step'=1 only applies with a KV cache"]),
-    ("bad-cache", "completions", {"max_tokens": 16, "vllm_xargs": {"cache": "lru"}}, ["unknown cache policy 'lru': diffusion option 'cache' must be none, prefix, dual or sparse"]),
+    ("bad-cache", "completions", {"max_tokens": 16, "vllm_xargs": {"cache": "lru"}}, ["unknown cache policy 'lru': diffusion option 'cache' must be none, prefix, dual, sparse or vicinity"]),
     # LLaDA's reference has no top-k/top-p: refused at any temperature and by any route.
     ("top_k-llada-sampled", "completions", {"max_tokens": 16, "temperature": 0.7, "top_k": 50}, ["'top_k'=50 is not supported for LLaDA: its reference decoding has no top-k/top-p filter"]),
     ("top_k-llada-greedy", "completions", {"max_tokens": 16, "temperature": 0, "top_k": 50}, ["'top_k'=50 is not supported for LLaDA"]),

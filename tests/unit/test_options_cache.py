@@ -21,7 +21,7 @@ def test_cache_knobs_without_a_cache_are_refused(key):
         res(llada(), {key: 2}, max_tokens=16)
     assert str(info.value) == (
         f"diffusion option '{key}'=2 only applies with a KV cache, but 'cache' is 'none'; "
-        f"set 'cache' to prefix, dual or sparse, or drop '{key}'"
+        f"set 'cache' to prefix, dual, sparse or vicinity, or drop '{key}'"
     )
     assert getattr(res(llada(), {key: 2, "cache": "dual"}, max_tokens=16), key) == 2
     assert getattr(res(llada(), {key: 0}, max_tokens=16), key) == 0
@@ -33,6 +33,19 @@ def test_cache_knobs_of_the_server_do_not_blame_a_request_without_cache():
     assert opts.cache == "none"
     with pytest.raises(OptionError, match=r"^--additional-config dllm: diffusion option 'refresh_interval'=4 only applies"):
         llada(server={"refresh_interval": 4})
+
+
+def test_vicinity_is_set_with_its_cache_and_never_negative():
+    assert res(llada(), {"cache": "vicinity"}, max_tokens=16).vicinity == 16  # the default span
+    assert res(dream(), {"cache": "vicinity", "vicinity": 0}, max_tokens=16).vicinity == 0  # dual's queries
+    assert res(llada(server={"cache": "vicinity", "vicinity": 4}), {}, max_tokens=16).vicinity == 4
+    with pytest.raises(OptionError) as info:
+        res(llada(), {"cache": "dual", "vicinity": 8}, max_tokens=16)
+    assert str(info.value) == "diffusion option 'vicinity'=8 only applies with cache 'vicinity', but 'cache' is 'dual'"
+    with pytest.raises(OptionError, match=r"^diffusion option 'vicinity' must be >= 0, got -1$"):
+        res(llada(), {"cache": "vicinity", "vicinity": -1}, max_tokens=16)
+    with pytest.raises(OptionError, match=r"'vicinity' must be int, got float 2.5"):
+        res(llada(), {"cache": "vicinity", "vicinity": 2.5}, max_tokens=16)
 
 
 # ---------------------------------------------------------------------------
@@ -96,20 +109,20 @@ def test_dream_server_filter_defaults_go_through_vllm():
      "unknown diffusion option 'alg' for llada models ('alg' is a Dream option); LLaDA options are "
      "block_length, cache, cfg_scale, confidence_eos_eot_inf, credit_alpha, credit_boost, credit_decay, decoding, "
      "delay_step, factor, gamma, "
-     "logits_eos_inf, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, remasking, retention, scoring, selection, steps, threshold"),
+     "logits_eos_inf, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, remasking, retention, scoring, selection, steps, threshold, vicinity"),
     (dream(), {"cfg_scale": 1.0},
      "unknown diffusion option 'cfg_scale' for dream models ('cfg_scale' is a LLaDA option); "
      "Dream options are alg, alg_temp, block_length, cache, credit_alpha, credit_boost, credit_decay, decoding, "
      "delay_step, eps, factor, gamma, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, retention, scoring, selection, steps, "
-     "threshold, top_k, top_p"),
+     "threshold, top_k, top_p, vicinity"),
     (llada(), {"stepz": 8}, "unknown diffusion option 'stepz' for llada models; LLaDA options are "
      "block_length, cache, cfg_scale, confidence_eos_eot_inf, credit_alpha, credit_boost, credit_decay, decoding, "
      "delay_step, factor, gamma, "
-     "logits_eos_inf, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, remasking, retention, scoring, selection, steps, threshold"),
+     "logits_eos_inf, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, remasking, retention, scoring, selection, steps, threshold, vicinity"),
     (llada(), {"remasking": "bogus"},
      "unknown remasking 'bogus': diffusion option 'remasking' must be low_confidence or random"),
     (llada(), {"cache": "lru"},
-     "unknown cache policy 'lru': diffusion option 'cache' must be none, prefix, dual or sparse"),
+     "unknown cache policy 'lru': diffusion option 'cache' must be none, prefix, dual, sparse or vicinity"),
     (dream(), {"alg": "greedy"},
      "unknown alg 'greedy': diffusion option 'alg' must be origin, maskgit_plus, topk_margin or entropy"),
     (llada(), {"steps": 0}, "diffusion option 'steps' must be a positive integer, got 0"),
@@ -131,7 +144,7 @@ def test_request_messages_are_one_clear_sentence(defaults, extra, message):
     ({"stepz": 8}, "--additional-config dllm: unknown diffusion option 'stepz' for llada models; LLaDA options are "
      "block_length, cache, cfg_scale, confidence_eos_eot_inf, credit_alpha, credit_boost, credit_decay, decoding, "
      "delay_step, factor, gamma, "
-     "logits_eos_inf, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, remasking, retention, scoring, selection, steps, threshold"),
+     "logits_eos_inf, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, remasking, retention, scoring, selection, steps, threshold, vicinity"),
     ({"remasking": "zzz"},
      "--additional-config dllm: unknown remasking 'zzz': diffusion option 'remasking' must be low_confidence or random"),
     ({"steps": 0}, "--additional-config dllm: diffusion option 'steps' must be a positive integer, got 0"),

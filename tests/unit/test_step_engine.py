@@ -151,6 +151,8 @@ def test_batch_phases_match_the_scheduler_phase(seed):
         spb = rng.randint(1, 6)
         cache = dict(cache=rng.choice(CACHE_POLICIES), refresh_interval=rng.randint(0, 3),
                      delay_step=rng.randint(0, spb - 1))
+        if cache["cache"] == "vicinity":  # spans clipped at the prompt's start, the canvas's end, or neither
+            cache["vicinity"] = rng.choice([0, 1, 5, 40])
         kind = rng.random()
         if kind < 0.4:
             options = LLaDAOptions(
@@ -189,6 +191,7 @@ def test_batch_phases_match_the_scheduler_phase(seed):
         policy=t([CACHE_POLICIES.index(r[0].cache) for r in rows]),
         block_length=t([r[0].block_length for r in rows]),
         lead=t([query_lead(r[0]) for r in rows]),
+        vicinity=t([r[0].vicinity if r[0].cache == "vicinity" else 0 for r in rows]),
         delay_step=t([r[0].delay_step for r in rows]),
         refresh_interval=t([r[0].refresh_interval for r in rows]),
         segment=t([r[0].block_length if r[0].block_causal else 0 for r in rows]),
@@ -200,6 +203,19 @@ def test_batch_phases_match_the_scheduler_phase(seed):
     assert got == [(p.refresh, p.query_start, p.query_end, p.decodes) for p in expected]
     assert any(r[0].block_causal and not p.decodes for r, p in zip(rows, expected))
     assert any(r[0].block_causal and r[4] > 0 and p.refresh for r, p in zip(rows, expected))
+
+
+def test_a_vicinity_reuse_runs_its_block_and_spans_on_both_sides():
+    options = LLaDAOptions(gen_length=32, steps=16, block_length=8, remasking="low_confidence", temperature=0.0,
+                           cfg_scale=0.0, logits_eos_inf=False, confidence_eos_eot_inf=False, cache="vicinity",
+                           vicinity=5).placed(10)
+    reuse = lambda block, options=options: block_phase(options, block, 1, 10, True)  # noqa: E731
+    assert [(p.refresh, p.query_start, p.query_end) for p in map(reuse, range(4))] == [
+        (False, 5, 23), (False, 13, 31), (False, 21, 39), (False, 29, 42),  # clipped at the canvas's end
+    ]
+    assert block_phase(options, 0, 0, 10, True).refresh  # a block's first step still refreshes
+    whole = dataclasses.replace(options, vicinity=40)
+    assert (reuse(2, whole).query_start, reuse(2, whole).query_end) == (0, 42)  # every position: nothing stale
 
 
 def naive_attention(q, cache, layout, query_start_loc, positions_per_seq, scale):
@@ -258,10 +274,12 @@ def test_torch_backend_matches_a_per_sequence_loop():
     torch.testing.assert_close(cache, expected_cache, rtol=0, atol=0)
     # Padded and unpadded SDPA accumulate in different orders: float32 rounding only.
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
-    # Both ways of reading keys ran: the lone sequences' groups sliced to their keys
-    # (no mask), the request and its twin (one length, two offsets) masked.
-    dense = {int(g.seq_index[0]): g.dense_keys for g in inputs.metadata.groups}
-    assert dense == {0: (0, 37), 1: None, 2: (0, 50)}
+    # Every way of reading keys ran: the whole Refresh from its fresh rows, the lone
+    # Reuse sliced to its keys in the pool (no mask), the request and its twin (one
+    # length, two offsets) masked.
+    groups = {int(g.seq_index[0]): g for g in inputs.metadata.groups}
+    assert {s: g.dense_keys for s, g in groups.items()} == {0: (0, 37), 1: None, 2: (0, 50)}
+    assert {s: g.keys_are_queries for s, g in groups.items()} == {0: True, 1: False, 2: False}
     # The twin's query slots follow its request's in the same blocks, never overlap.
     twin_rows = slice(int(inputs.query_start_loc[3]), int(inputs.query_start_loc[4]))
     cond_rows = slice(int(inputs.query_start_loc[1]), int(inputs.query_start_loc[2]))

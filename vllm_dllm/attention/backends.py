@@ -83,6 +83,11 @@ class TorchAttention:
             rows = starts[:, None] + torch.arange(group.kv_valid.shape[1], device=q.device)
             rows = torch.where(group.kv_valid, rows, torch.zeros_like(rows))
             keys, values = k[rows], v[rows]
+        elif group.keys_are_queries and cache.dtype == k.dtype:
+            # Whole Refreshes of one length: their keys are the rows just written to
+            # the pool, in position order; no copy of the pool's pages.
+            keys, values = (x if group.rows is None else x[group.rows] for x in (k, v))
+            keys, values = keys.view(num_seqs, -1, *k.shape[1:]), values.view(num_seqs, -1, *v.shape[1:])
         else:
             # Whole blocks: one contiguous page per index, not one row per position.
             pages = cache.index_select(0, group.kv_blocks.flatten()).to(q.dtype)
@@ -97,7 +102,8 @@ class TorchAttention:
             grid = q.new_zeros(num_seqs, max_q, q.shape[1], q.shape[2])
             grid[group.query_seq, group.query_row] = q
         # [S, L, H, D] -> [S, H, L, D]
-        mask = group.kv_valid[:, None, None, :] if cache is None or group.dense_keys is None else None
+        unmasked = cache is not None and (group.dense_keys is not None or group.keys_are_queries)
+        mask = None if unmasked else group.kv_valid[:, None, None, :]
         if cache is None and meta.in_flight_blocks is not None:
             mask = mask & _block_causal(meta.in_flight_blocks[group.seq_index], max_q, keys.shape[1])[:, None]
         out = F.scaled_dot_product_attention(

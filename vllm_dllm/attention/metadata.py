@@ -45,6 +45,9 @@ class QueryGroup:
     # lone sequence, or sequences of one length and offset): the grid is sliced to it
     # and attends without a mask, which SDPA runs faster.  None: kv_valid masks.
     dense_keys: tuple[int, int] | None = None
+    # Every sequence is a whole Refresh (all its positions queries, from position 0)
+    # of one length: its keys are its queries' fresh K/V rows, in order.
+    keys_are_queries: bool = False
 
 
 @dataclass

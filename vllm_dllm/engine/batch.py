@@ -53,6 +53,7 @@ class RequestBatch:
             policy=np.zeros(capacity, dtype=np.int64),
             block_length=np.ones(capacity, dtype=np.int64),
             lead=np.zeros(capacity, dtype=np.int64),
+            vicinity=np.zeros(capacity, dtype=np.int64),
             delay_step=np.zeros(capacity, dtype=np.int64),
             refresh_interval=np.zeros(capacity, dtype=np.int64),
             segment=np.zeros(capacity, dtype=np.int64),
@@ -138,6 +139,7 @@ class RequestBatch:
         h.delay_step[slot] = options.delay_step
         h.refresh_interval[slot] = options.refresh_interval
         h.lead[slot] = query_lead(options)
+        h.vicinity[slot] = options.vicinity if getattr(options, "cache", None) == "vicinity" else 0
         causal = is_block_causal(options)
         h.segment[slot] = options.block_length if causal else 0
         h.chunk[slot] = self.prefill_chunk if causal else 0

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 # Cache policy codes (the order of options.CACHE_POLICIES).
-POLICY_NONE, POLICY_PREFIX, POLICY_DUAL, POLICY_SPARSE = 0, 1, 2, 3
+POLICY_NONE, POLICY_PREFIX, POLICY_DUAL, POLICY_SPARSE, POLICY_VICINITY = 0, 1, 2, 3, 4
 
 
 @dataclass
@@ -29,6 +29,7 @@ class PhaseParams:
     policy: np.ndarray  # POLICY_*
     block_length: np.ndarray
     lead: np.ndarray  # positions a Reuse also runs before its block (phases.query_lead)
+    vicinity: np.ndarray  # positions a Reuse also runs on each side of it (0 but for a vicinity cache)
     delay_step: np.ndarray
     refresh_interval: np.ndarray
     segment: np.ndarray  # block length of a block-causal request (phases.block_causal_phase), else 0
@@ -58,8 +59,9 @@ def batch_phases(p: PhaseParams) -> BatchPhases:
     periodic = (interval > 0) & ((k - p.delay_step) % np.maximum(interval, 1) == 0)
     refresh = (p.policy == POLICY_NONE) | ~p.has_cache | (k <= p.delay_step) | periodic
     block_start = p.prompt_len + p.block * p.block_length
-    reuse_end = np.where(p.policy == POLICY_PREFIX, seq_len, block_start + p.block_length)
-    reuse_start = block_start - p.lead
+    reuse_end = np.where(p.policy == POLICY_PREFIX, seq_len,
+                         np.minimum(block_start + p.block_length + p.vicinity, seq_len))
+    reuse_start = np.maximum(block_start - p.lead - p.vicinity, 0)
     query_start = np.where(refresh, 0, reuse_start)
     query_end = np.where(refresh, seq_len, reuse_end)
 

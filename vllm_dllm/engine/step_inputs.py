@@ -284,6 +284,8 @@ def _group(rows, members, query_seq, query_row, layout: SequenceLayout, seqs, ta
         kv_blocks=tables[seq_index].gather(1, to_device(block_cols, device)),
         kv_valid=to_device(valid, device),
         dense_keys=_dense_keys(offset, length),
+        keys_are_queries=bool(((layout.query_start[members] == 0) & (counts == length)).all()
+                              and (length == length[0]).all()),
     )
 
 

@@ -14,7 +14,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-CACHE_POLICIES = ("none", "prefix", "dual", "sparse")
+CACHE_POLICIES = ("none", "prefix", "dual", "sparse", "vicinity")
+# Positions a vicinity cache's Reuse steps also run on each side of the active block.
+DEFAULT_VICINITY = 16
 SPARSE_SELECTIONS = ("head", "uniform")  # see attention/sparse.py
 SPARSE_SCORINGS = ("max", "mean")
 MAX_POOL_KERNEL = 63  # the sparse selection's max-pool window (one op per offset)
@@ -86,7 +88,9 @@ class KVCacheOptions:
     (attention/sparse.py): per KV head the `retention` share of the positions outside
     the active block, ranked by the block's queries' logits (`scoring`: the largest,
     or the mean query's) max-pooled over `pool_kernel` positions; `selection` uniform
-    keeps one set shared by all heads."""
+    keeps one set shared by all heads.  `vicinity` (dInfer's Vicinity Refresh): the
+    positions on each side of the active block a `vicinity` cache's Reuse steps also
+    run, refreshing their K/V."""
 
     cache: str = "none"
     refresh_interval: int = 0
@@ -95,6 +99,7 @@ class KVCacheOptions:
     pool_kernel: int = 3
     selection: str = "head"
     scoring: str = "max"
+    vicinity: int = DEFAULT_VICINITY
 
 
 PARALLEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ParallelDecodingOptions)}
@@ -113,13 +118,15 @@ _CACHE_KEYS = {
     "pool_kernel": (int,),
     "selection": (str,),
     "scoring": (str,),
+    "vicinity": (int,),
 }
 SPARSE_KEYS = ("retention", "pool_kernel", "selection", "scoring")
 
 # delay_step None: the policy's own (Sparse-dLLM's one-step delayed update for sparse,
 # none for prefix/dual as in Fast-dLLM); see _delay_step.
 CACHE_DEFAULTS = {"cache": "none", "refresh_interval": 0, "delay_step": None,
-                  "retention": 0.5, "pool_kernel": 3, "selection": "head", "scoring": "max"}
+                  "retention": 0.5, "pool_kernel": 3, "selection": "head", "scoring": "max",
+                  "vicinity": DEFAULT_VICINITY}
 
 # vLLM's own fields: naming them in extra_args would be ambiguous (unless a family
 # takes one as its own key, as Dream does top_k / top_p).
@@ -203,7 +210,7 @@ def _range_problem(key: str, value: Any, prefix: str = "", family: RangeProblem 
         return f"{option} must lie in [0, 1], got {value}"
     if key == "max_tokens_per_step" and value < 0:
         return f"{option} must be >= 0 (0: no cap), got {value}"
-    if key in ("refresh_interval", "delay_step") and value is not None and value < 0:
+    if key in ("refresh_interval", "delay_step", "vicinity") and value is not None and value < 0:
         return f"{option} must be >= 0, got {value}"
     return family(key, value, prefix)
 
@@ -236,6 +243,11 @@ def check_cache_knobs(merged: dict[str, Any], given: dict[str, Any], prefix: str
                     f"{prefix}diffusion option '{key}'={given[key]!r} only applies with cache 'sparse', "
                     f"but 'cache' is '{cache}'"
                 )
+    if cache != "vicinity" and "vicinity" in given:
+        raise OptionError(
+            f"{prefix}diffusion option 'vicinity'={given['vicinity']!r} only applies with cache 'vicinity', "
+            f"but 'cache' is '{cache}'"
+        )
 
 
 def _delay_step(merged: dict[str, Any], steps_per_block: int) -> int:
@@ -255,6 +267,7 @@ def _cache_options(merged: dict[str, Any], delay_step: int) -> dict[str, Any]:
         pool_kernel=merged["pool_kernel"],
         selection=merged["selection"],
         scoring=merged["scoring"],
+        vicinity=merged["vicinity"],
     )
 
 
