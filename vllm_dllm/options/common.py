@@ -236,18 +236,11 @@ def check_cache_knobs(merged: dict[str, Any], given: dict[str, Any], prefix: str
                     f"{prefix}diffusion option '{key}'={given[key]} only applies with a KV cache, "
                     f"but 'cache' is 'none'; set 'cache' to {_one_of(CACHE_POLICIES[1:])}, or drop '{key}'"
                 )
-    if cache != "sparse":
-        for key in SPARSE_KEYS:
+    for policy, keys in (("sparse", SPARSE_KEYS), ("vicinity", ("vicinity",))):
+        for key in keys if cache != policy else ():
             if key in given:
-                raise OptionError(
-                    f"{prefix}diffusion option '{key}'={given[key]!r} only applies with cache 'sparse', "
-                    f"but 'cache' is '{cache}'"
-                )
-    if cache != "vicinity" and "vicinity" in given:
-        raise OptionError(
-            f"{prefix}diffusion option 'vicinity'={given['vicinity']!r} only applies with cache 'vicinity', "
-            f"but 'cache' is '{cache}'"
-        )
+                raise OptionError(f"{prefix}diffusion option '{key}'={given[key]!r} only applies with cache "
+                                  f"'{policy}', but 'cache' is '{cache}'")
 
 
 def _delay_step(merged: dict[str, Any], steps_per_block: int) -> int:
