@@ -48,11 +48,11 @@ DENSE = {
 }
 
 
-def settings(retentions, selections, scorings, delays=(1,)) -> list[tuple[dict, dict | None]]:
+def settings(retentions, selections, scorings, delays=(1,), pools=(3,)) -> list[tuple[dict, dict | None]]:
     """(labels, options) per setting; options None is exact decoding (no xargs)."""
     out = [({"policy": name, "retention": None, "selection": None, "scoring": None}, opts)
            for name, opts in DENSE.items()]
-    for delay in delays:
+    for delay, pool in ((d, k) for d in delays for k in pools):
         for scoring in scorings:
             for r in retentions:
                 if scoring != "max" and r == 1.0:
@@ -62,12 +62,14 @@ def settings(retentions, selections, scorings, delays=(1,)) -> list[tuple[dict, 
                     options = {"cache": "sparse", "retention": r, "selection": s, "scoring": scoring}
                     if delay != 1:  # 1 is sparse's default
                         labels["delay_step"] = options["delay_step"] = delay
+                    if pool != 3:  # 3 is the default pool_kernel
+                        labels["pool_kernel"] = options["pool_kernel"] = pool
                     out.append((labels, options))
     return out
 
 
-def default_delay(row: dict) -> bool:
-    return row.get("delay_step", 1) == 1
+def default_knobs(row: dict) -> bool:
+    return row.get("delay_step", 1) == 1 and row.get("pool_kernel", 3) == 3
 
 
 def xargs_for(options: dict | None, task: str) -> dict:
@@ -80,8 +82,9 @@ def setting_name(row: dict) -> str:
     if row["policy"] != "sparse":
         return row["policy"]
     mean = " mean" if row.get("scoring") == "mean" else ""
-    delay = "" if default_delay(row) else f" delay{row['delay_step']}"
-    return f"sparse r={row['retention']:g} {row['selection']}{mean}{delay}"
+    delay = "" if row.get("delay_step", 1) == 1 else f" delay{row['delay_step']}"
+    pool = "" if row.get("pool_kernel", 3) == 3 else f" pool{row['pool_kernel']}"
+    return f"sparse r={row['retention']:g} {row['selection']}{mean}{delay}{pool}"
 
 
 def newcombe(r1: dict, r2: dict) -> tuple[float, float]:
@@ -102,7 +105,7 @@ def check_lines(rows: list[dict]) -> list[str]:
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     # The checks are for the default scoring (max); the mean rows are for comparison.
     sparse = {(r["retention"], r["selection"], r["task"]): r for r in rows
-              if r["policy"] == "sparse" and r.get("scoring", "max") == "max" and default_delay(r)}
+              if r["policy"] == "sparse" and r.get("scoring", "max") == "max" and default_knobs(r)}
     dense = {(r["policy"], r["task"]): r for r in rows if r["policy"] != "sparse"}
     retentions = sorted({r["retention"] for r in rows if r["policy"] == "sparse"})
     lines = ["## Checks", ""]
@@ -179,7 +182,7 @@ def plot(rows: list[dict], out: pathlib.Path) -> None:
         }.items():
             sel = sorted((r["retention"], r["accuracy"], r["ci95"]) for r in rows
                          if r["task"] == task and r["policy"] == "sparse" and r["selection"] == selection
-                         and r.get("scoring", "max") == scoring and default_delay(r))
+                         and r.get("scoring", "max") == scoring and default_knobs(r))
             if sel:
                 x, y, ci = zip(*sel)
                 # Wilson bounds at 0 or 1 can land a rounding error on the wrong side.
@@ -205,6 +208,7 @@ def main(argv=None) -> int:
     ap.add_argument("--selections", default=",".join(SELECTIONS))
     ap.add_argument("--scorings", default=",".join(SCORINGS))
     ap.add_argument("--delays", default="1", help="sparse delay_step values (1 is the default)")
+    ap.add_argument("--pool-kernels", default="3", help="sparse pool_kernel values (3 is the default)")
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results/sparse-quality"))
     ap.add_argument("--from-results", action="store_true",
@@ -221,7 +225,8 @@ def main(argv=None) -> int:
     retentions = [float(r) for r in args.retentions.split(",")]
     points = [(labels, task, xargs_for(options, task))
               for labels, options in settings(retentions, args.selections.split(","), args.scorings.split(","),
-                                                 [int(d) for d in args.delays.split(",")])
+                                                 [int(d) for d in args.delays.split(",")],
+                                                 [int(k) for k in args.pool_kernels.split(",")])
               for task in args.tasks.split(",")]
     rows = run_points(args.model, points, args.n, args.seed)
     (args.out / "results.json").write_text(
