@@ -69,7 +69,8 @@ def _llada_cases():
     from tests.engine.test_exact_decoding import LLADA_CASES
 
     names = {"semi-AR blocks", "seeded gumbel", "classifier-free guidance", "threshold, dual cache",
-             "entropy bound over a two-per-step floor, prefix cache", "sparse, per head, retention 0.5"}
+             "entropy bound over a two-per-step floor, prefix cache", "sparse, per head, retention 0.5",
+             "sparse, uniform with mean scoring (Sparse-dLLM), retention 0.3, pool 5, CFG"}
     return [c for c in LLADA_CASES if c.name in names]
 
 

@@ -17,7 +17,8 @@ At a sparse request's Refresh (dLLM-Serve 4.5; Sparse-dLLM's selection per head)
     left out) with window `pool_kernel`, past the ends padded with -inf as
     MaxPool1D pads;
   * `head`: each KV head keeps its own `kept` best positions; `uniform` (Sparse-dLLM)
-    sums the pooled scores over heads and keeps one set for all.  Scores are ranked
+    sums the pooled scores over heads (every tensor-parallel rank's: the layer's
+    `sum_over_ranks`) and keeps one set for all.  Scores are ranked
     at bfloat16 precision and ties rank the lower position first (max-pooling makes
     neighbours tie exactly; masked positions tie up to rounding);
   * pack: head h's j-th kept position (in position order) goes to logical slot j of
@@ -39,11 +40,15 @@ padded to the longest; the host built the index grids.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from vllm_dllm.attention.metadata import AttentionMetadata
+
+# Adds a tensor over the tensor-parallel ranks (vLLM's all-reduce), None on one device.
+SumOverRanks = Callable[[torch.Tensor], torch.Tensor] | None
 
 
 @dataclass
@@ -62,6 +67,7 @@ class CacheFill:
     radius: torch.Tensor  # int64 [S]: pool_kernel // 2
     max_radius: int
     uniform: torch.Tensor  # bool [S]
+    any_uniform: bool  # some sequence selects uniformly (host-known)
     mean_scoring: torch.Tensor  # bool [S]: score with the mean query, else the largest logit
     dense: torch.Tensor  # bool [S]: keeps every context position (a dense cache's rebuild)
     keep: torch.Tensor  # int64 [S]: positions kept per head
@@ -106,12 +112,17 @@ def pooled_scores(q: torch.Tensor, k: torch.Tensor, plan: CacheFill) -> torch.Te
     return pooled.masked_fill(outside, float("-inf"))
 
 
-def kept_context(q: torch.Tensor, k: torch.Tensor, plan: CacheFill) -> torch.Tensor:
+def kept_context(q: torch.Tensor, k: torch.Tensor, plan: CacheFill, sum_over_ranks: SumOverRanks = None) -> torch.Tensor:
     """[S, H_kv, max_keep] int64: each head's kept context indices, ascending; entries
-    from `keep[s]` on are padding (the context length).  A dense sequence keeps all."""
+    from `keep[s]` on are padding (the context length).  A dense sequence keeps all.
+    `sum_over_ranks`: adds a tensor over the tensor-parallel ranks, each holding some
+    of the KV heads (None: this rank holds them all)."""
     pooled = pooled_scores(q, k, plan)
     pooled = torch.where(plan.dense[:, None, None], 0.0, pooled)  # all tie: position order
-    shared = pooled.sum(dim=1, keepdim=True).expand_as(pooled)
+    shared = pooled.sum(dim=1, keepdim=True)
+    if sum_over_ranks is not None and plan.any_uniform:
+        shared = sum_over_ranks(shared)
+    shared = shared.expand_as(pooled)
     ranking = torch.where(plan.uniform[:, None, None], shared, pooled)
     # Ranked at bfloat16 precision: positions whose scores agree to 8 significant bits
     # (mask tokens of the canvas score alike up to rounding) go in position order, so
@@ -125,12 +136,13 @@ def kept_context(q: torch.Tensor, k: torch.Tensor, plan: CacheFill) -> torch.Ten
     return order.sort(dim=-1).values
 
 
-def pack_kept(cache: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: CacheFill) -> None:
+def pack_kept(cache: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: CacheFill,
+              sum_over_ranks: SumOverRanks = None) -> None:
     """Select each head's context positions and write their K/V into the sequences'
     slots 0..kept-1, head by head (q, k, v: the sparse sequences' rows)."""
     if plan.keep_seq.numel() == 0:
         return
-    kept = kept_context(q, k, plan)  # [S, H_kv, max_keep]
+    kept = kept_context(q, k, plan, sum_over_ranks)  # [S, H_kv, max_keep]
     num_kv_heads = k.shape[1]
     context = kept[plan.keep_seq, :, plan.keep_rank]  # [N, H_kv]
     rows = plan.context_rows[plan.keep_seq[:, None], context]  # [N, H_kv]
@@ -142,7 +154,7 @@ def pack_kept(cache: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor | None,
-           meta: AttentionMetadata, scale: float) -> torch.Tensor:
+           meta: AttentionMetadata, scale: float, sum_over_ranks: SumOverRanks = None) -> torch.Tensor:
     """One layer's attention for a step with cache-filling sequences: they attend
     over their in-flight K/V and store what the cache keeps, then the others attend
     through the backend over the pool (a rebuilt cache's Reuse reads what was just
@@ -152,7 +164,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tenso
     out = torch.empty_like(q)
     out[start:] = meta.backend.attend(q[start:], k[start:], v[start:], None, plan.meta, scale)
     if cache is not None:
-        pack_kept(cache, q[start:], k[start:], v[start:], plan)
+        pack_kept(cache, q[start:], k[start:], v[start:], plan, sum_over_ranks)
     if start:
         out[:start] = meta.backend.attend(q[:start], k[:start], v[:start], cache, meta, scale)
     return out

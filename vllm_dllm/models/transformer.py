@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (
@@ -54,6 +54,12 @@ def rank_heads(shape: TransformerShape) -> tuple[int, int]:
     return shape.num_heads // tp, max(1, shape.num_kv_heads // tp)
 
 
+def heads_sum_over_ranks():
+    """vLLM's all-reduce when tensor parallelism splits the KV heads over ranks (the
+    sparse cache's uniform selection sums every head's scores), else None."""
+    return tensor_model_parallel_all_reduce if get_tensor_model_parallel_world_size() > 1 else None
+
+
 def fused_qkv(shape: TransformerShape, quant_config, prefix: str) -> QKVParallelLinear:
     return QKVParallelLinear(
         hidden_size=shape.hidden_size,
@@ -82,7 +88,8 @@ class SelfAttention(nn.Module):
         )
         self.rotary_emb = Rotary(shape.head_dim, shape.max_position, shape.rope_theta)
         self.attn = DiffusionAttention(
-            self.num_heads, self.num_kv_heads, shape.head_dim, prefix=f"{prefix}.attn"
+            self.num_heads, self.num_kv_heads, shape.head_dim, prefix=f"{prefix}.attn",
+            sum_over_ranks=heads_sum_over_ranks(),
         )
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
