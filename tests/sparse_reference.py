@@ -6,9 +6,10 @@
           of them (`max`) or their mean (`mean`: the mean query's logit);
   pool    MaxPool1D over the context positions in position order (block left out),
           kernel s, stride 1, padding s // 2;
-  top-k   keep = ceil(retention x context) best per head (`head`), or by the pooled
-          scores summed over heads for all (`uniform`); scores compared at bfloat16
-          precision, ties: the lower position;
+  top-k   keep = ceil(retention x context) best per head by its pooled score plus
+          the mean of all heads' (`head`), or by the pooled scores summed over heads
+          for all (`uniform`); scores compared at bfloat16 precision, ties: the lower
+          position;
   pack    head h's kept K/V in position order (a key mask over the dense K/V here:
           attention does not depend on the keys' order);
   attend  Reuse queries over the kept K/V plus their own fresh K/V.
@@ -43,9 +44,11 @@ def kept_positions(q_block: torch.Tensor, k_all: torch.Tensor, lo: int, hi: int,
             scores = torch.tensor([max(float(query @ k_all[h, c].double()) for query in queries) for c in context],
                                   dtype=torch.float64)
         pooled.append(F.max_pool1d(scores[None, None], pool_kernel, stride=1, padding=pool_kernel // 2)[0, 0])
+    total = sum(pooled)
     if selection == "uniform":
-        total = sum(pooled)
         pooled = [total] * num_kv_heads
+    else:
+        pooled = [p + total / num_kv_heads for p in pooled]
     kept = []
     for h in range(num_kv_heads):
         rounded = pooled[h].float().bfloat16().float()

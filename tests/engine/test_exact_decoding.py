@@ -76,7 +76,7 @@ LLADA_CASES = [
 ]
 
 BLOCK_KEYS = ("block_length", "refresh_interval", "delay_step")
-SPARSE_DEFAULTS = {"retention": 0.5, "pool_kernel": 3, "selection": "head", "scoring": "max"}
+SPARSE_DEFAULTS = {"retention": 0.5, "selection": "head", "scoring": "max"}
 
 
 def cache_arguments(extra: dict, passed: set) -> dict:
@@ -85,6 +85,8 @@ def cache_arguments(extra: dict, passed: set) -> dict:
     if extra.get("cache") != "sparse":
         return {}
     arguments = {"sparse": {key: extra.get(key, default) for key, default in SPARSE_DEFAULTS.items()}}
+    # Unless told, the plugin pools only uniform selection's scores.
+    arguments["sparse"]["pool_kernel"] = extra.get("pool_kernel", 3 if arguments["sparse"]["selection"] == "uniform" else 1)
     if not ("delay_step" in passed and "delay_step" in extra):
         arguments["delay_step"] = 1
     return arguments

@@ -65,7 +65,10 @@ def _resolve(kind, extra, max_tokens=32, server=None):
 def test_sparse_options_defaults_and_delay():
     options = _resolve(LLADA, {"cache": "sparse", "block_length": 8, "steps": 32})
     assert (options.retention, options.pool_kernel, options.selection, options.scoring, options.delay_step) == (
-        0.5, 3, "head", "max", 1)
+        0.5, 1, "head", "max", 1)
+    # Unless set, uniform selection pools over 3 positions (Sparse-dLLM's), head-centric over none.
+    assert _resolve(LLADA, {"cache": "sparse", "selection": "uniform", "block_length": 8}).pool_kernel == 3
+    assert _resolve(LLADA, {"cache": "sparse", "pool_kernel": 3, "block_length": 8}).pool_kernel == 3
     # Sparse-dLLM's delay only where a block has a second step; set explicitly, it stays.
     assert _resolve(LLADA, {"cache": "sparse", "block_length": 8, "steps": 4}).delay_step == 0
     assert _resolve(LLADA, {"cache": "sparse", "block_length": 8, "steps": 32, "delay_step": 0}).delay_step == 0

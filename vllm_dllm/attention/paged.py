@@ -25,11 +25,11 @@ class DiffusionAttention(nn.Module):
     """Non-causal attention for one layer; heads are this rank's tensor-parallel share."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, prefix: str,
-                 sum_over_ranks: sparse.SumOverRanks = None):
+                 over_ranks: sparse.HeadsOverRanks | None = None):
         super().__init__()
-        # Under tensor parallelism, adds a tensor over the ranks (each holds some KV
-        # heads): the sparse cache's uniform selection ranks by every head's scores.
-        self.sum_over_ranks = sum_over_ranks
+        # Under tensor parallelism the KV heads of the other ranks: the sparse cache
+        # ranks positions by every head's scores.
+        self.over_ranks = over_ranks
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -48,5 +48,5 @@ class DiffusionAttention(nn.Module):
         if meta.cache_fill is None:
             out = meta.backend.attend(q, k, v, None if meta.in_flight else self.kv_cache, meta, self.scale)
         else:
-            out = sparse.attend(q, k, v, self.kv_cache, meta, self.scale, self.sum_over_ranks)
+            out = sparse.attend(q, k, v, self.kv_cache, meta, self.scale, self.over_ranks)
         return out.reshape(-1, self.num_heads * self.head_dim)

@@ -16,9 +16,13 @@ At a sparse request's Refresh (dLLM-Serve 4.5; Sparse-dLLM's selection per head)
   * max-pool the scores along the context positions (in position order, the block
     left out) with window `pool_kernel`, past the ends padded with -inf as
     MaxPool1D pads;
-  * `head`: each KV head keeps its own `kept` best positions; `uniform` (Sparse-dLLM)
-    sums the pooled scores over heads (every tensor-parallel rank's: the layer's
-    `sum_over_ranks`) and keeps one set for all.  Scores are ranked
+  * `head`: each KV head keeps its own `kept` best positions, ranked by its own
+    pooled score plus the mean of every KV head's (a position all heads read counts
+    for each head too: on the shipped model this keeps uniform's accuracy where a
+    head's own scores alone fell behind it, benchmarks/results/sparse-pool-kernel);
+    `uniform` (Sparse-dLLM) ranks by the pooled scores summed over heads and keeps
+    one set for all.  Under tensor parallelism the sum covers every rank's heads
+    (`HeadsOverRanks`).  Scores are ranked
     at bfloat16 precision and ties rank the lower position first (max-pooling makes
     neighbours tie exactly; masked positions tie up to rounding);
   * pack: head h's j-th kept position (in position order) goes to logical slot j of
@@ -47,8 +51,14 @@ import torch
 
 from vllm_dllm.attention.metadata import AttentionMetadata
 
-# Adds a tensor over the tensor-parallel ranks (vLLM's all-reduce), None on one device.
-SumOverRanks = Callable[[torch.Tensor], torch.Tensor] | None
+
+@dataclass(frozen=True)
+class HeadsOverRanks:
+    """A layer's KV heads split over tensor-parallel ranks: `count` in all, and `sum`
+    (vLLM's all-reduce) adds a tensor over the ranks."""
+
+    count: int
+    sum: Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -67,7 +77,6 @@ class CacheFill:
     radius: torch.Tensor  # int64 [S]: pool_kernel // 2
     max_radius: int
     uniform: torch.Tensor  # bool [S]
-    any_uniform: bool  # some sequence selects uniformly (host-known)
     mean_scoring: torch.Tensor  # bool [S]: score with the mean query, else the largest logit
     dense: torch.Tensor  # bool [S]: keeps every context position (a dense cache's rebuild)
     keep: torch.Tensor  # int64 [S]: positions kept per head
@@ -112,18 +121,17 @@ def pooled_scores(q: torch.Tensor, k: torch.Tensor, plan: CacheFill) -> torch.Te
     return pooled.masked_fill(outside, float("-inf"))
 
 
-def kept_context(q: torch.Tensor, k: torch.Tensor, plan: CacheFill, sum_over_ranks: SumOverRanks = None) -> torch.Tensor:
+def kept_context(q: torch.Tensor, k: torch.Tensor, plan: CacheFill, over_ranks: HeadsOverRanks | None = None
+                 ) -> torch.Tensor:
     """[S, H_kv, max_keep] int64: each head's kept context indices, ascending; entries
     from `keep[s]` on are padding (the context length).  A dense sequence keeps all.
-    `sum_over_ranks`: adds a tensor over the tensor-parallel ranks, each holding some
-    of the KV heads (None: this rank holds them all)."""
+    `over_ranks`: the KV heads other tensor-parallel ranks hold (None: all are here)."""
     pooled = pooled_scores(q, k, plan)
     pooled = torch.where(plan.dense[:, None, None], 0.0, pooled)  # all tie: position order
-    shared = pooled.sum(dim=1, keepdim=True)
-    if sum_over_ranks is not None and plan.any_uniform:
-        shared = sum_over_ranks(shared)
-    shared = shared.expand_as(pooled)
-    ranking = torch.where(plan.uniform[:, None, None], shared, pooled)
+    total, count = pooled.sum(dim=1, keepdim=True), k.shape[1]
+    if over_ranks is not None:
+        total, count = over_ranks.sum(total), over_ranks.count
+    ranking = torch.where(plan.uniform[:, None, None], total.expand_as(pooled), pooled + total / count)
     # Ranked at bfloat16 precision: positions whose scores agree to 8 significant bits
     # (mask tokens of the canvas score alike up to rounding) go in position order, so
     # rounding noise from one kernel to another does not change what is kept.
@@ -137,12 +145,12 @@ def kept_context(q: torch.Tensor, k: torch.Tensor, plan: CacheFill, sum_over_ran
 
 
 def pack_kept(cache: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: CacheFill,
-              sum_over_ranks: SumOverRanks = None) -> None:
+              over_ranks: HeadsOverRanks | None = None) -> None:
     """Select each head's context positions and write their K/V into the sequences'
     slots 0..kept-1, head by head (q, k, v: the sparse sequences' rows)."""
     if plan.keep_seq.numel() == 0:
         return
-    kept = kept_context(q, k, plan, sum_over_ranks)  # [S, H_kv, max_keep]
+    kept = kept_context(q, k, plan, over_ranks)  # [S, H_kv, max_keep]
     num_kv_heads = k.shape[1]
     context = kept[plan.keep_seq, :, plan.keep_rank]  # [N, H_kv]
     rows = plan.context_rows[plan.keep_seq[:, None], context]  # [N, H_kv]
@@ -154,7 +162,7 @@ def pack_kept(cache: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Te
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor | None,
-           meta: AttentionMetadata, scale: float, sum_over_ranks: SumOverRanks = None) -> torch.Tensor:
+           meta: AttentionMetadata, scale: float, over_ranks: HeadsOverRanks | None = None) -> torch.Tensor:
     """One layer's attention for a step with cache-filling sequences: they attend
     over their in-flight K/V and store what the cache keeps, then the others attend
     through the backend over the pool (a rebuilt cache's Reuse reads what was just
@@ -164,7 +172,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tenso
     out = torch.empty_like(q)
     out[start:] = meta.backend.attend(q[start:], k[start:], v[start:], None, plan.meta, scale)
     if cache is not None:
-        pack_kept(cache, q[start:], k[start:], v[start:], plan, sum_over_ranks)
+        pack_kept(cache, q[start:], k[start:], v[start:], plan, over_ranks)
     if start:
         out[:start] = meta.backend.attend(q[:start], k[:start], v[:start], cache, meta, scale)
     return out

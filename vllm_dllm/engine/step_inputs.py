@@ -217,7 +217,6 @@ def _cache_fill(layout: SequenceLayout, fill: FillLayout, cu: np.ndarray, query_
         radius=to_device(fill.radius.astype(np.int64), device),
         max_radius=int(fill.radius.max()),
         uniform=to_device(fill.uniform.astype(bool), device),
-        any_uniform=bool(fill.uniform.any()),
         mean_scoring=to_device(fill.mean_scoring.astype(bool), device),
         dense=to_device(fill.dense.astype(bool), device),
         keep=to_device(fill.keep.astype(np.int64), device),

@@ -32,7 +32,7 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm_dllm.attention.paged import DiffusionAttention
 from vllm_dllm.models.moe_lm import FUSED_GATE_UP, FusedName, LayerStack, MoeDiffusionLM
 from vllm_dllm.models.rope import Rotary
-from vllm_dllm.models.transformer import GatedMLP, TransformerShape, fused_qkv, heads_sum_over_ranks, rank_heads
+from vllm_dllm.models.transformer import GatedMLP, TransformerShape, fused_qkv, kv_heads_over_ranks, rank_heads
 
 
 def _rope_theta(config) -> float:
@@ -96,7 +96,7 @@ class LladaMoeAttention(nn.Module):
         self.rotary_emb = Rotary(shape.head_dim, shape.max_position, shape.rope_theta,
                                  float(getattr(config, "partial_rotary_factor", 1.0)))
         self.attn = DiffusionAttention(self.num_heads, self.num_kv_heads, shape.head_dim, prefix=f"{prefix}.attn",
-                                       sum_over_ranks=heads_sum_over_ranks())
+                                       over_ranks=kv_heads_over_ranks(shape))
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         qkv, _ = self.qkv_proj(hidden)

@@ -26,6 +26,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
 )
 
 from vllm_dllm.attention.paged import DiffusionAttention
+from vllm_dllm.attention.sparse import HeadsOverRanks
 from vllm_dllm.models.rope import Rotary
 from vllm_dllm.models.token_chunks import balanced_chunks, rows_within
 
@@ -54,10 +55,12 @@ def rank_heads(shape: TransformerShape) -> tuple[int, int]:
     return shape.num_heads // tp, max(1, shape.num_kv_heads // tp)
 
 
-def heads_sum_over_ranks():
-    """vLLM's all-reduce when tensor parallelism splits the KV heads over ranks (the
-    sparse cache's uniform selection sums every head's scores), else None."""
-    return tensor_model_parallel_all_reduce if get_tensor_model_parallel_world_size() > 1 else None
+def kv_heads_over_ranks(shape: TransformerShape) -> HeadsOverRanks | None:
+    """The model's KV heads and vLLM's all-reduce when tensor parallelism splits them
+    over ranks (the sparse cache ranks by every head's scores), else None."""
+    if get_tensor_model_parallel_world_size() == 1:
+        return None
+    return HeadsOverRanks(shape.num_kv_heads, tensor_model_parallel_all_reduce)
 
 
 def fused_qkv(shape: TransformerShape, quant_config, prefix: str) -> QKVParallelLinear:
@@ -89,7 +92,7 @@ class SelfAttention(nn.Module):
         self.rotary_emb = Rotary(shape.head_dim, shape.max_position, shape.rope_theta)
         self.attn = DiffusionAttention(
             self.num_heads, self.num_kv_heads, shape.head_dim, prefix=f"{prefix}.attn",
-            sum_over_ranks=heads_sum_over_ranks(),
+            over_ranks=kv_heads_over_ranks(shape),
         )
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:

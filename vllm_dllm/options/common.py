@@ -121,11 +121,13 @@ _CACHE_KEYS = {
     "vicinity": (int,),
 }
 SPARSE_KEYS = ("retention", "pool_kernel", "selection", "scoring")
+# pool_kernel unless set: pooling helps uniform selection, costs head-centric (results/sparse-pool-kernel).
+POOL_KERNELS = {"head": 1, "uniform": 3}
 
 # delay_step None: the policy's own (Sparse-dLLM's one-step delayed update for sparse,
 # none for prefix/dual as in Fast-dLLM); see _delay_step.
 CACHE_DEFAULTS = {"cache": "none", "refresh_interval": 0, "delay_step": None,
-                  "retention": 0.5, "pool_kernel": 3, "selection": "head", "scoring": "max",
+                  "retention": 0.5, "pool_kernel": None, "selection": "head", "scoring": "max",
                   "vicinity": DEFAULT_VICINITY}
 
 # vLLM's own fields: naming them in extra_args would be ambiguous (unless a family
@@ -196,7 +198,7 @@ def _range_problem(key: str, value: Any, prefix: str = "", family: RangeProblem 
         return f"{prefix}unknown scoring '{value}': diffusion option 'scoring' must be {_one_of(SPARSE_SCORINGS)}"
     if key == "retention" and not 0 < value <= 1:
         return f"{option} must lie in (0, 1], got {value}"
-    if key == "pool_kernel" and not (1 <= value <= MAX_POOL_KERNEL and value % 2 == 1):
+    if key == "pool_kernel" and value is not None and not (1 <= value <= MAX_POOL_KERNEL and value % 2 == 1):
         return f"{option} must be an odd integer from 1 to {MAX_POOL_KERNEL}, got {value}"
     if key == "decoding" and value not in DECODING_RULES:
         return f"{prefix}unknown decoding rule '{value}': diffusion option 'decoding' must be {_one_of(DECODING_RULES)}"
@@ -257,7 +259,7 @@ def _cache_options(merged: dict[str, Any], delay_step: int) -> dict[str, Any]:
         refresh_interval=merged["refresh_interval"],
         delay_step=delay_step,
         retention=float(merged["retention"]),
-        pool_kernel=merged["pool_kernel"],
+        pool_kernel=merged["pool_kernel"] if merged["pool_kernel"] is not None else POOL_KERNELS[merged["selection"]],
         selection=merged["selection"],
         scoring=merged["scoring"],
         vicinity=merged["vicinity"],

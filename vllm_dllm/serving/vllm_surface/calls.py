@@ -37,6 +37,7 @@ CALLS: tuple[Call, ...] = (
     Call("vllm.transformers_utils.repo_utils", "get_hf_file_to_dict", 3),
     Call("vllm.distributed", "get_tensor_model_parallel_world_size", 0),
     Call("vllm.distributed", "tensor_model_parallel_all_gather", 1, ("dim",)),
+    Call("vllm.distributed", "tensor_model_parallel_all_reduce", 1),
     Call(f"{LAYERS}.vocab_parallel_embedding", "UnquantizedEmbeddingMethod.apply", 2, ("bias",),
          "worker/vocab_parallel.py: a rank's vocabulary columns, as LogitsProcessor projects them"),
     Call("vllm.forward_context", "set_forward_context", 2, ("num_tokens",)),

@@ -19,6 +19,8 @@ NAMES: tuple[Name, ...] = (
     Name("vllm.distributed", "get_tensor_model_parallel_world_size", "models/transformer.py"),
     Name("vllm.distributed", "tensor_model_parallel_all_gather",
          "worker/vocab_parallel.py: the LM head's per-row numbers"),
+    Name("vllm.distributed", "tensor_model_parallel_all_reduce",
+         "models/transformer.py: the sparse cache ranks positions by every rank's KV heads"),
     Name("vllm.exceptions", "VLLMValidationError", "validation.py"),
     Name("vllm.sampling_params", "RequestOutputKind", "validation.py: a likelihood is not streamed"),
     Name("vllm.exceptions", "VLLMClientError", "frontend.py: a refused stream's exception, logged as one line"),
