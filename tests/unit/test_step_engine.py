@@ -216,6 +216,13 @@ def test_a_vicinity_reuse_runs_its_block_and_spans_on_both_sides():
     assert block_phase(options, 0, 0, 10, True).refresh  # a block's first step still refreshes
     whole = dataclasses.replace(options, vicinity=40)
     assert (reuse(2, whole).query_start, reuse(2, whole).query_end) == (0, 42)  # every position: nothing stale
+    # Any span past the sequence is the sequence, in the engine's int64 arrays too.
+    huge = dataclasses.replace(options, vicinity=10**30)
+    assert (reuse(2, huge).query_start, reuse(2, huge).query_end) == (0, 42)
+    engine = make_engine()
+    ids = add_requests(engine, 1, dataclasses.replace(llada(cache="vicinity"), vicinity=10**30), prompt_len=10)
+    engine.step(ids)  # the block's Refresh
+    engine.step(ids, [reuse(0, huge).num_queries])  # a Reuse of the whole sequence, priced as the scheduler does
 
 
 def naive_attention(q, cache, layout, query_start_loc, positions_per_seq, scale):
@@ -224,8 +231,8 @@ def naive_attention(q, cache, layout, query_start_loc, positions_per_seq, scale)
     block_size = cache.shape[1]
     for s, slots in enumerate(positions_per_seq):
         rows = slice(int(query_start_loc[s]), int(query_start_loc[s + 1]))
-        k = cache[slots // block_size, slots % block_size, 0]
-        v = cache[slots // block_size, slots % block_size, 1]
+        k = cache[slots // block_size, slots % block_size, 0].to(q.dtype)
+        v = cache[slots // block_size, slots % block_size, 1].to(q.dtype)
         group = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         o = F.scaled_dot_product_attention(q[rows].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), scale=scale)
@@ -233,13 +240,15 @@ def naive_attention(q, cache, layout, query_start_loc, positions_per_seq, scale)
     return out
 
 
-def test_torch_backend_matches_a_per_sequence_loop():
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.float64])
+def test_torch_backend_matches_a_per_sequence_loop(pool_dtype):
     """Ragged sequences, a CFG twin after its request in the same blocks, shuffled
-    blocks, Refresh (all positions queries) and Reuse (a slice) in one call."""
+    blocks, Refresh (all positions queries) and Reuse (a slice) in one call; a pool
+    of another dtype than the queries' (its keys are read back, masked)."""
     torch.manual_seed(0)
     capacity, max_len, heads, kv_heads, dim = 3, 64, 4, 2, 8
     num_blocks = 40
-    cache = torch.randn(num_blocks, BLOCK_SIZE, 2, kv_heads, dim)
+    cache = torch.randn(num_blocks, BLOCK_SIZE, 2, kv_heads, dim, dtype=pool_dtype)
     block_table = torch.zeros(capacity, 8, dtype=torch.int32)
     perm = torch.randperm(num_blocks - 1)[:24] + 1
     block_table[:] = perm.view(capacity, 8).int()
@@ -261,8 +270,8 @@ def test_torch_backend_matches_a_per_sequence_loop():
     k, v = torch.randn(total, kv_heads, dim), torch.randn(total, kv_heads, dim)
     expected_cache = cache.clone()
     slots = inputs.metadata.query_slots
-    expected_cache[slots // BLOCK_SIZE, slots % BLOCK_SIZE, 0] = k
-    expected_cache[slots // BLOCK_SIZE, slots % BLOCK_SIZE, 1] = v
+    expected_cache[slots // BLOCK_SIZE, slots % BLOCK_SIZE, 0] = k.to(pool_dtype)
+    expected_cache[slots // BLOCK_SIZE, slots % BLOCK_SIZE, 1] = v.to(pool_dtype)
     per_seq = []
     for s in range(4):
         logical = int(layout.kv_start[s]) + torch.arange(int(layout.seq_len[s]))
@@ -284,6 +293,33 @@ def test_torch_backend_matches_a_per_sequence_loop():
     twin_rows = slice(int(inputs.query_start_loc[3]), int(inputs.query_start_loc[4]))
     cond_rows = slice(int(inputs.query_start_loc[1]), int(inputs.query_start_loc[2]))
     assert set(slots[twin_rows].tolist()).isdisjoint(slots[cond_rows].tolist())
+
+
+def test_a_whole_refresh_with_its_twin_reads_fresh_keys_or_masks_the_pool():
+    """A request and its CFG twin refreshing together: one length, two offsets in the
+    blocks; their keys are their fresh rows, or (a pool of another dtype) the pool's
+    pages under the mask."""
+    torch.manual_seed(1)
+    heads, kv_heads, dim = 4, 2, 8
+    layout = SequenceLayout(slot=np.array([0, 0]), twin=np.array([False, True]), query_start=np.zeros(2, dtype=np.int64),
+                            num_queries=np.array([20, 20]), seq_len=np.array([20, 20]), kv_start=np.array([0, 20]))
+    block_table = (torch.arange(8) + 3).view(1, 8).int()
+    for pool_dtype in (torch.float32, torch.float64):
+        cache = torch.randn(40, BLOCK_SIZE, 2, kv_heads, dim, dtype=pool_dtype)
+        inputs = build_step_inputs(
+            layout, prompt_tokens=torch.zeros(1, 64, dtype=torch.long), prompt_len=torch.full((1,), 10),
+            canvas=torch.zeros(1, 64, dtype=torch.long), block_table=block_table, block_size=BLOCK_SIZE,
+            mask_id=IDS.mask, backend=TorchAttention(),
+        )
+        (group,) = inputs.metadata.groups
+        assert group.keys_are_queries and group.dense_keys is None  # the offsets differ
+        q, k, v = torch.randn(40, heads, dim), torch.randn(40, kv_heads, dim), torch.randn(40, kv_heads, dim)
+        with attention_metadata(inputs.metadata):
+            got = TorchAttention().attend(q, k, v, cache, inputs.metadata, 0.3)
+        for rows in (slice(0, 20), slice(20, 40)):  # each sequence over its own keys only
+            keys, values = (x[rows].repeat_interleave(heads // kv_heads, dim=1).transpose(0, 1) for x in (k, v))
+            want = F.scaled_dot_product_attention(q[rows].transpose(0, 1), keys, values, scale=0.3).transpose(0, 1)
+            torch.testing.assert_close(got[rows], want, rtol=1e-5, atol=1e-6)
 
 
 def test_select_backend_defaults_and_refusals():

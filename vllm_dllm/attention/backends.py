@@ -76,6 +76,9 @@ class TorchAttention:
     def _attend_group(self, q, k, v, cache, meta: AttentionMetadata, group: QueryGroup, scale: float):
         """Attention of one group's query rows (in group order) over their sequences."""
         num_seqs, max_q = len(group.seq_index), group.max_query_len
+        # Whole Refreshes of one length read their keys from the rows just written (the
+        # pool's values only where it keeps them in the queries' dtype).
+        fresh_keys = cache is not None and group.keys_are_queries and cache.dtype == k.dtype
         if cache is None:
             # No pool: a Refresh's own in-flight K/V (kv_start is 0, so the valid
             # columns are the sequence's positions in order).
@@ -83,9 +86,7 @@ class TorchAttention:
             rows = starts[:, None] + torch.arange(group.kv_valid.shape[1], device=q.device)
             rows = torch.where(group.kv_valid, rows, torch.zeros_like(rows))
             keys, values = k[rows], v[rows]
-        elif group.keys_are_queries and cache.dtype == k.dtype:
-            # Whole Refreshes of one length: their keys are the rows just written to
-            # the pool, in position order; no copy of the pool's pages.
+        elif fresh_keys:  # in position order; no copy of the pool's pages
             keys, values = (x if group.rows is None else x[group.rows] for x in (k, v))
             keys, values = keys.view(num_seqs, -1, *k.shape[1:]), values.view(num_seqs, -1, *v.shape[1:])
         else:
@@ -102,7 +103,7 @@ class TorchAttention:
             grid = q.new_zeros(num_seqs, max_q, q.shape[1], q.shape[2])
             grid[group.query_seq, group.query_row] = q
         # [S, L, H, D] -> [S, H, L, D]
-        unmasked = cache is not None and (group.dense_keys is not None or group.keys_are_queries)
+        unmasked = fresh_keys or (cache is not None and group.dense_keys is not None)
         mask = None if unmasked else group.kv_valid[:, None, None, :]
         if cache is None and meta.in_flight_blocks is not None:
             mask = mask & _block_causal(meta.in_flight_blocks[group.seq_index], max_q, keys.shape[1])[:, None]

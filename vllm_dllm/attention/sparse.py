@@ -54,8 +54,8 @@ from vllm_dllm.attention.metadata import AttentionMetadata
 
 @dataclass(frozen=True)
 class HeadsOverRanks:
-    """A layer's KV heads split over tensor-parallel ranks: `count` in all, and `sum`
-    (vLLM's all-reduce) adds a tensor over the ranks."""
+    """A layer's KV heads split over tensor-parallel ranks: `count` the ranks hold
+    together, and `sum` (vLLM's all-reduce) adds a tensor over the ranks."""
 
     count: int
     sum: Callable[[torch.Tensor], torch.Tensor]

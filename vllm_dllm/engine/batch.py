@@ -139,7 +139,9 @@ class RequestBatch:
         h.delay_step[slot] = options.delay_step
         h.refresh_interval[slot] = options.refresh_interval
         h.lead[slot] = query_lead(options)
-        h.vicinity[slot] = options.vicinity if getattr(options, "cache", None) == "vicinity" else 0
+        # A span past the sequence runs what the sequence's length does (phases clip it).
+        vicinity = options.vicinity if getattr(options, "cache", None) == "vicinity" else 0
+        h.vicinity[slot] = min(vicinity, self.max_model_len)
         causal = is_block_causal(options)
         h.segment[slot] = options.block_length if causal else 0
         h.chunk[slot] = self.prefill_chunk if causal else 0

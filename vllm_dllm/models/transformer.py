@@ -56,11 +56,13 @@ def rank_heads(shape: TransformerShape) -> tuple[int, int]:
 
 
 def kv_heads_over_ranks(shape: TransformerShape) -> HeadsOverRanks | None:
-    """The model's KV heads and vLLM's all-reduce when tensor parallelism splits them
-    over ranks (the sparse cache ranks by every head's scores), else None."""
-    if get_tensor_model_parallel_world_size() == 1:
+    """The KV heads every rank holds, together (a replicated head once per rank), and
+    vLLM's all-reduce when tensor parallelism splits them over ranks (the sparse
+    cache ranks by every head's scores), else None."""
+    ranks = get_tensor_model_parallel_world_size()
+    if ranks == 1:
         return None
-    return HeadsOverRanks(shape.num_kv_heads, tensor_model_parallel_all_reduce)
+    return HeadsOverRanks(rank_heads(shape)[1] * ranks, tensor_model_parallel_all_reduce)
 
 
 def fused_qkv(shape: TransformerShape, quant_config, prefix: str) -> QKVParallelLinear:
