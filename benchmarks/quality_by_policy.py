@@ -17,6 +17,9 @@ schedule and where K/V comes from:
                   each side of it (dInfer's Vicinity Refresh)
   ...+threshold   the same cache under Fast-dLLM's threshold rule (0.9): several
                   tokens a step where the model is confident, fewer forwards
+  ...+smooth      IterSmooth (dInfer): each still-masked position's expected
+                  embedding fed back at the next step (and under the threshold
+                  rule, the threshold falling from 1 to 0.9 over the first steps)
 
 Each row also gives the query tokens a request's forwards ran (the price the
 scheduler charges), from the plugin's per-step histogram.
@@ -46,6 +49,9 @@ POLICIES = {
     "vicinity16": {"cache": "vicinity", "vicinity": 16},
     "dual+threshold": {"cache": "dual", "decoding": "threshold", "threshold": 0.9},
     "vicinity4+threshold": {"cache": "vicinity", "vicinity": 4, "decoding": "threshold", "threshold": 0.9},
+    "blocks+smooth": {"cache": "none", "iter_smooth": True},
+    "dual+smooth": {"cache": "dual", "iter_smooth": True},
+    "dual+threshold+smooth": {"cache": "dual", "decoding": "threshold", "threshold": 0.9, "iter_smooth": True},
 }
 QUERY_TOKENS = "vllm:diffusion_scheduled_query_tokens_per_step_sum"
 

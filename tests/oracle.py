@@ -63,6 +63,10 @@ def llada_cfg_logits(model, x: torch.Tensor, prompt_index: torch.Tensor, mask_id
     return _cfg_combine(both, x.shape[0], cfg_scale)
 
 
+def _full_forward(model, ids: torch.Tensor, extra: torch.Tensor | None) -> torch.Tensor:
+    return model.forward(ids) if extra is None else model.forward(ids, extra)
+
+
 @torch.no_grad()
 def llada_generate(
     model,
@@ -87,6 +91,8 @@ def llada_generate(
     sparse: dict | None = None,
     vicinity: int = 0,
     commit_logits: dict[int, torch.Tensor] | None = None,
+    iter_smooth: bool = False,
+    smooth_weight: float = 0.3,
     **rule_params: float,
 ) -> OracleResult:
     """LLaDA `generate` (MODEL_SPEC section 3) with an optional KV-cache policy and
@@ -112,6 +118,12 @@ def llada_generate(
 
     `commit_logits`, if given, receives per canvas position the model's logits
     (after CFG, before any rule edits them) at the step that committed it.
+
+    iter_smooth (dInfer's IterationSmooth, over the positions a step projects): after
+    step t, each masked position of the block that stays masked enters step t + 1 as
+    its token's embedding plus w * softmax(logits) @ embedding, w = min(0.15 + 0.02 t,
+    smooth_weight), in both CFG rows; a parallel rule's threshold is
+    max(1 - 0.02 t, threshold).
     """
     threshold, factor, gamma, low_threshold, credit_alpha, credit_decay, credit_boost, max_tokens_per_step = (
         parallel_parameters(rule_params)
@@ -140,6 +152,7 @@ def llada_generate(
     key_masks = None  # sparse: per layer, the keys each head kept at the last Refresh
     phases: list[str] = []
     query_tokens: list[int] = []
+    soft = torch.zeros(seq_len, model.embed.shape[1]) if iter_smooth else None  # IterSmooth's extra embeddings
     for block in range(num_blocks):
         block_start = prompt_len + block * block_length
         block_end = block_start + block_length
@@ -151,24 +164,28 @@ def llada_generate(
             if decoding != "fixed" and not bool(mask_index[0, block_start:block_end].any()):
                 break
             refresh = cache == "none" or is_refresh_step(i, kv_cache is not None, refresh_interval, delay_step)
+            extra = torch.where(mask_index[0, :, None], soft, 0.0)[None].expand(n_rows, -1, -1) if iter_smooth else None
             if cache == "none":
                 n_query = seq_len
                 if cfg_scale > 0.0:
-                    logits = llada_cfg_logits(model, x, prompt_index, mask_id, cfg_scale)
+                    logits = _cfg_combine(_full_forward(model, _cfg_batch(x, prompt_index, mask_id), extra), 1,
+                                          cfg_scale)
                 else:
-                    logits = model.forward(x).clone()
+                    logits = _full_forward(model, x, extra).clone()
             else:
                 batch = _cfg_batch(x, prompt_index, mask_id) if cfg_scale > 0.0 else x
                 reuse_lo, reuse_hi = reuse_query_range(cache, prompt_len, gen_length, block, block_length, vicinity)
                 if refresh:
                     lo, hi = 0, seq_len
-                    out, kv_cache = model.forward_queries(batch, None, None, return_kv=True, return_q=True)
+                    out, kv_cache = model.forward_queries(batch, None, None, return_kv=True, return_q=True,
+                                                          extra_embeds=extra)
                     if cache == "sparse":
                         key_masks = sparse_key_masks(kv_cache, reuse_lo, reuse_hi, sparse)
                 else:
                     lo, hi = reuse_lo, reuse_hi
                     out, _ = model.forward_queries(batch, torch.arange(lo, hi), kv_cache,
-                                                   key_masks=key_masks if cache == "sparse" else None)
+                                                   key_masks=key_masks if cache == "sparse" else None,
+                                                   extra_embeds=extra)
                 n_query = hi - lo
                 # Rows outside the queries are never masked in the current block: their
                 # logits cannot matter and are left at 0.
@@ -178,6 +195,7 @@ def llada_generate(
             phases.append("refresh" if refresh else "reuse")
             query_tokens.append(n_query * n_rows)
             model_logits = logits.clone() if commit_logits is not None else None
+            model_logits_for_smooth = logits.clone() if iter_smooth else None
             if logits_eos_inf:
                 logits[:, :, eos_id] = -math.inf
             if decoding == "credit":
@@ -191,6 +209,11 @@ def llada_generate(
 
             # Rows whose draws can matter: still masked and inside the current block.
             rows = [p for p in range(block_start, block_end) if bool(mask_index[0, p])]
+            if iter_smooth:
+                weight = min(0.15 + 0.02 * global_step, smooth_weight)
+                soft = torch.zeros_like(soft)
+                for p in rows:
+                    soft[p] = weight * (F.softmax(model_logits_for_smooth[0, p], dim=-1) @ model.embed.float())
 
             # At T == 0 the logits object itself is the reference's "noisy" tensor.  At
             # T > 0 the token is a draw from softmax(logits / T) (the distribution of the
@@ -232,8 +255,9 @@ def llada_generate(
                 if decoding == "entropy_bound":
                     probs = F.softmax(logits[0], dim=-1)
                     entropy = {p: float(-(probs[p] * torch.log(probs[p])).nan_to_num().sum()) for p in masked}
+                step_threshold = max(1 - 0.02 * global_step, threshold) if iter_smooth else threshold
                 keys, k = parallel_selection(
-                    decoding, masked, {p: confidence[0, p] for p in masked}, entropy, k, threshold=threshold,
+                    decoding, masked, {p: confidence[0, p] for p in masked}, entropy, k, threshold=step_threshold,
                     factor=factor, gamma=gamma, low_threshold=low_threshold, max_tokens_per_step=max_tokens_per_step)
                 # Ranked in the keys' own precision: confidences (entropies) as computed,
                 # hierarchy's boosted keys in float64.

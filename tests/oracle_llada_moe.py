@@ -97,10 +97,17 @@ class LladaMoeOracle:
         out = attn.reshape(n, -1) @ w[p + "o_proj.weight"].T
         return out + w[p + "o_proj.bias"] if c.get("attention_bias") else out
 
-    def forward_one(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits [L, V] of one sequence."""
+    @property
+    def embed(self) -> torch.Tensor:
+        return self.w["model.embed_tokens.weight"]
+
+    def forward_one(self, tokens: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [L, V] of one sequence; `extra` [L, hidden] is added to its token
+        embeddings (IterSmooth)."""
         c, w = self.config, self.w
         x = w["model.embed_tokens.weight"][tokens]
+        if extra is not None:
+            x = x + extra.to(x.dtype)
         for i in range(c["num_hidden_layers"]):
             p = f"model.layers.{i}."
             x = x + self._attention(_rms(x, w[p + "input_layernorm.weight"], self.eps), p + "self_attn.")
@@ -116,9 +123,10 @@ class LladaMoeOracle:
         return (x @ w["lm_head.weight"].T).float()
 
     @torch.no_grad()
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, extra_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """ids[B, L] -> logits [B, L, V] (float32)."""
-        return torch.stack([self.forward_one(row) for row in ids])
+        extras = [None] * len(ids) if extra_embeds is None else list(extra_embeds)
+        return torch.stack([self.forward_one(row, extra) for row, extra in zip(ids, extras)])
 
     __call__ = forward
 

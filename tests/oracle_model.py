@@ -321,9 +321,9 @@ class OracleModel:
         return F.linear(F.silu(F.linear(h, layer.gate)) * F.linear(h, layer.up), layer.down)
 
     @torch.no_grad()
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, extra_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """ids[B, L] -> raw logits[B, L, V] in float32 (Dream logits are NOT shifted)."""
-        return self.forward_queries(ids)[0]
+        return self.forward_queries(ids, extra_embeds=extra_embeds)[0]
 
     @torch.no_grad()
     def forward_queries(
@@ -334,6 +334,7 @@ class OracleModel:
         return_kv: bool = False,
         key_masks: list[torch.Tensor] | None = None,
         return_q: bool = False,
+        extra_embeds: torch.Tensor | None = None,
     ):
         """Forward of the query positions of ids[B, L] only.
 
@@ -346,6 +347,7 @@ class OracleModel:
         Returns (logits[B, Q, V] float32, per-layer (K, V) or None): K/V[B, H_kv, L, D]
         are the ones attended over (cache with the query rows replaced); with return_q
         per layer (K, V, q), q[B, H, Q, D] the queries (post-RoPE).
+        extra_embeds: [B, L, hidden] added to the token embeddings (IterSmooth).
         """
         bsz, seq_len = ids.shape
         if query_positions is None:
@@ -362,6 +364,8 @@ class OracleModel:
                 assert cache_k.shape == cache_v.shape == (bsz, self.n_kv_heads, seq_len, self.head_dim)
         kv_out = [] if return_kv else None
         x = self.embed[ids[:, positions]]
+        if extra_embeds is not None:
+            x = x + extra_embeds[:, positions].to(x.dtype)
         for i, layer in enumerate(self.layers):
             attn, k_all, v_all, q = self._attention(
                 rms_norm(x, layer.attn_norm, self.eps), layer, positions, None if kv_cache is None else kv_cache[i],

@@ -73,6 +73,17 @@ LLADA_CASES = [
     Case("sparse, retention 0.2, threshold, refresh every 3", 12, 32,
          {"block_length": 16, "steps": 32, "cache": "sparse", "retention": 0.2, "refresh_interval": 3,
           "decoding": "threshold", "threshold": 0.3}),
+    # IterSmooth (dInfer): each masked position's expected embedding fed back, and
+    # under a threshold rule the threshold falling from 1.
+    Case("IterSmooth, semi-AR blocks", 7, 32, {"block_length": 8, "steps": 32, "iter_smooth": True}),
+    Case("IterSmooth, threshold, dual cache, weight 0.5", 8, 32,
+         {"block_length": 8, "steps": 32, "decoding": "threshold", "threshold": 0.3, "cache": "dual",
+          "iter_smooth": True, "smooth_weight": 0.5}),
+    Case("IterSmooth, CFG, prefix cache", 5, 16,
+         {"block_length": 8, "steps": 16, "cfg_scale": 1.5, "cache": "prefix", "iter_smooth": True}),
+    Case("IterSmooth, seeded gumbel, vicinity cache", 10, 16,
+         {"block_length": 8, "steps": 16, "cache": "vicinity", "vicinity": 3, "iter_smooth": True},
+         temperature=0.8, seed=13),
 ]
 
 BLOCK_KEYS = ("block_length", "refresh_interval", "delay_step")
@@ -92,6 +103,7 @@ def cache_arguments(extra: dict, passed: set) -> dict:
     return arguments
 PARALLEL_KEYS = ("cache", "decoding", "threshold", "factor", "gamma", "low_threshold", "max_tokens_per_step",
                  "credit_alpha", "credit_decay", "credit_boost")
+LLADA_ONLY_KEYS = ("vicinity", "iter_smooth", "smooth_weight")
 
 DREAM_CASES = [
     Case("origin", 5, 24, {"steps": 24}, seed=1),
@@ -145,7 +157,8 @@ def oracle_tokens(model, tokenizer_ids, arch: str, prompt: list[int], case: Case
             logits_eos_inf=extra.get("logits_eos_inf", False),
             confidence_eos_eot_inf=extra.get("confidence_eos_eot_inf", False),
             seed=case.seed or 0,
-            **{key: extra[key] for key in (*PARALLEL_KEYS, "refresh_interval", "delay_step") if key in extra},
+            **{key: extra[key] for key in (*PARALLEL_KEYS, *LLADA_ONLY_KEYS, "refresh_interval", "delay_step")
+               if key in extra},
             **cache_arguments(extra, {"refresh_interval", "delay_step"}),
         )
     else:
@@ -239,3 +252,19 @@ def test_exact_mode_matches_oracle_and_is_batch_invariant(served):
         return tied
 
     compare_each_case(cases, compare_draw)
+
+
+def test_iter_smooth_changes_what_is_decoded(served):
+    """The fed-back embeddings reach the model: with them the tokens differ from
+    plain decoding on some prompt (the oracle comparison above holds either way)."""
+    arch, _, llm = served
+    if arch != "llada":
+        return  # an LLaDA-family option (Dream refuses it: tests/unit/test_options_smoothing.py)
+    rng = random.Random(8)
+    prompts = [{"prompt_token_ids": random_prompt(rng, n)} for n in (5, 9, 14)]
+    base = {"block_length": 8, "steps": 32}
+    plain = llm.generate(prompts, SamplingParams(max_tokens=32, temperature=0.0, extra_args=base), use_tqdm=False)
+    smooth = SamplingParams(max_tokens=32, temperature=0.0, extra_args={**base, "iter_smooth": True})
+    smoothed = llm.generate(prompts, smooth, use_tqdm=False)
+    differ = [a.outputs[0].token_ids != b.outputs[0].token_ids for a, b in zip(plain, smoothed)]
+    assert any(differ)

@@ -22,6 +22,7 @@ CASES = [
     (5, 16, {"steps": 16, "block_length": 16}),
     (12, 24, {"steps": 12, "block_length": 8, "remasking": "low_confidence"}),
     (20, 16, {"steps": 8, "block_length": 4}),
+    (9, 16, {"steps": 16, "block_length": 8, "iter_smooth": True}),
 ]
 
 

@@ -1,7 +1,8 @@
 """Tensor parallelism on this machine's vLLM CPU build: `tensor_parallel_size=2` serves
 LLaDA, Dream and LLaDA2 (MoE) with the oracle's tokens, batched, for exact decoding,
-the caches (dual, prefix, sparse), parallel rules, CFG, seeded sampling, Dream's
-filters and LLaDA2.1's editing.  The sparse cache where a KV head is split off whole
+the caches (dual, prefix, sparse), parallel rules, CFG, seeded sampling, IterSmooth
+(each rank's share of the expected embedding, summed), Dream's filters and LLaDA2.1's
+editing.  The sparse cache where a KV head is split off whole
 (LLaDA's tiny: two KV heads, one per rank) and refused where it would be replicated
 (Dream's tiny: one KV head for two ranks).
 
@@ -70,7 +71,8 @@ def _llada_cases():
 
     names = {"semi-AR blocks", "seeded gumbel", "classifier-free guidance", "threshold, dual cache",
              "entropy bound over a two-per-step floor, prefix cache", "sparse, per head, retention 0.5",
-             "sparse, uniform with mean scoring (Sparse-dLLM), retention 0.3, pool 5, CFG"}
+             "sparse, uniform with mean scoring (Sparse-dLLM), retention 0.3, pool 5, CFG",
+             "IterSmooth, threshold, dual cache, weight 0.5"}
     return [c for c in LLADA_CASES if c.name in names]
 
 

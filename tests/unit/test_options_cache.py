@@ -108,8 +108,9 @@ def test_dream_server_filter_defaults_go_through_vllm():
     (llada(), {"alg": "entropy"},
      "unknown diffusion option 'alg' for llada models ('alg' is a Dream option); LLaDA options are "
      "block_length, cache, cfg_scale, confidence_eos_eot_inf, credit_alpha, credit_boost, credit_decay, decoding, "
-     "delay_step, factor, gamma, "
-     "logits_eos_inf, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, remasking, retention, scoring, selection, steps, threshold, vicinity"),
+     "delay_step, factor, gamma, iter_smooth, "
+     "logits_eos_inf, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, remasking, retention, scoring, selection, "
+     "smooth_weight, steps, threshold, vicinity"),
     (dream(), {"cfg_scale": 1.0},
      "unknown diffusion option 'cfg_scale' for dream models ('cfg_scale' is a LLaDA option); "
      "Dream options are alg, alg_temp, block_length, cache, credit_alpha, credit_boost, credit_decay, decoding, "
@@ -117,8 +118,9 @@ def test_dream_server_filter_defaults_go_through_vllm():
      "threshold, top_k, top_p, vicinity"),
     (llada(), {"stepz": 8}, "unknown diffusion option 'stepz' for llada models; LLaDA options are "
      "block_length, cache, cfg_scale, confidence_eos_eot_inf, credit_alpha, credit_boost, credit_decay, decoding, "
-     "delay_step, factor, gamma, "
-     "logits_eos_inf, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, remasking, retention, scoring, selection, steps, threshold, vicinity"),
+     "delay_step, factor, gamma, iter_smooth, "
+     "logits_eos_inf, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, remasking, retention, scoring, selection, "
+     "smooth_weight, steps, threshold, vicinity"),
     (llada(), {"remasking": "bogus"},
      "unknown remasking 'bogus': diffusion option 'remasking' must be low_confidence or random"),
     (llada(), {"cache": "lru"},
@@ -128,6 +130,15 @@ def test_dream_server_filter_defaults_go_through_vllm():
     (llada(), {"steps": 0}, "diffusion option 'steps' must be a positive integer, got 0"),
     (llada(), {"steps": "8"}, "diffusion option 'steps' must be int, got str '8'"),
     (llada(), {"cfg_scale": -1}, "diffusion option 'cfg_scale' must be >= 0, got -1"),
+    (llada(), {"iter_smooth": True, "smooth_weight": 0}, "diffusion option 'smooth_weight' must lie in (0, 1], got 0"),
+    (llada(), {"smooth_weight": 0.5},
+     "diffusion option 'smooth_weight'=0.5 only applies with 'iter_smooth': true"),
+    (llada(), {"iter_smooth": "yes"}, "diffusion option 'iter_smooth' must be bool, got str 'yes'"),
+    (dream(), {"iter_smooth": True},
+     "unknown diffusion option 'iter_smooth' for dream models ('iter_smooth' is a LLaDA option); "
+     "Dream options are alg, alg_temp, block_length, cache, credit_alpha, credit_boost, credit_decay, decoding, "
+     "delay_step, eps, factor, gamma, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, retention, "
+     "scoring, selection, steps, threshold, top_k, top_p, vicinity"),
     (dream(), {"eps": 1.5}, "diffusion option 'eps' must lie in (0, 1), got 1.5"),
     (llada(), {"temperature": 0.5},
      "'temperature' is a standard sampling parameter: set it as 'temperature' on the request, "
@@ -143,8 +154,9 @@ def test_request_messages_are_one_clear_sentence(defaults, extra, message):
 @pytest.mark.parametrize("server, message", [
     ({"stepz": 8}, "--additional-config dllm: unknown diffusion option 'stepz' for llada models; LLaDA options are "
      "block_length, cache, cfg_scale, confidence_eos_eot_inf, credit_alpha, credit_boost, credit_decay, decoding, "
-     "delay_step, factor, gamma, "
-     "logits_eos_inf, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, remasking, retention, scoring, selection, steps, threshold, vicinity"),
+     "delay_step, factor, gamma, iter_smooth, "
+     "logits_eos_inf, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, remasking, retention, scoring, selection, "
+     "smooth_weight, steps, threshold, vicinity"),
     ({"remasking": "zzz"},
      "--additional-config dllm: unknown remasking 'zzz': diffusion option 'remasking' must be low_confidence or random"),
     ({"steps": 0}, "--additional-config dllm: diffusion option 'steps' must be a positive integer, got 0"),

@@ -51,7 +51,8 @@ class LLaDARule(parallel.ParallelDecoding, BatchedRule):
         # Host copies: a step where no request sets them skips their column writes.
         self.eos_flags_host = np.zeros((cap, 2), dtype=bool)
         self.any_logits_eos_inf = self.any_confidence_eos_eot_inf = True
-        self.parallel = parallel.ParallelParams(cap, device, state.canvas.shape[1], state.vocab)
+        self.parallel = parallel.ParallelParams(cap, device, state.canvas.shape[1], state.vocab,
+                                                steps=lambda: state.step)
 
     def admit(self, slot: int, options: LLaDAOptions) -> None:
         self.block_length[slot] = options.block_length

@@ -21,6 +21,8 @@ from vllm_dllm.decoding.grammar_mask import mask_rows
 from vllm_dllm.decoding.vocab import WHOLE, Vocab
 
 Project = Callable[[torch.Tensor], torch.Tensor]
+# smooth(logits, slots, positions): reads a chunk's logits as the model gave them.
+Smooth = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ def chunked_reduce(
     cfg_scale: torch.Tensor | None = None,
     logprobs: LogprobsCollector | None = None,
     grammar: tuple[torch.Tensor, torch.Tensor] | None = None,
+    smooth: Smooth | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Project `hidden[cond_rows]` chunk by chunk and reduce each chunk with `rule`.
 
@@ -64,6 +67,8 @@ def chunked_reduce(
     With `grammar` = (bitmask [n, words], row per candidate, -1 for none), a
     candidate's logits keep only the tokens its bitmask row allows (after guidance,
     before the rule and the logprobs: the distribution the token is drawn from).
+    With `smooth` (IterSmooth, engine/iter_smooth.py), each chunk's logits reach it
+    at the same point, before the rule edits them.
     """
     count = len(cond_rows)
     if count == 0:
@@ -82,6 +87,8 @@ def chunked_reduce(
             del cond, uncond
         if grammar is not None:
             logits = mask_rows(logits, grammar[0], grammar[1][chunk], rule.state.vocab.columns(logits))
+        if smooth is not None:
+            smooth(logits, slots[chunk], positions[chunk])
         raw = logits.clone() if logprobs is not None else None  # the rule may edit logits in place
         chunk_tokens, chunk_conf = rule.reduce(logits, slots[chunk], positions[chunk])
         del logits

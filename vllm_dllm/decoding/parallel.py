@@ -54,6 +54,7 @@ mask-to-token commits only).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,6 +62,7 @@ import torch
 
 from vllm_dllm.decoding.vocab import WHOLE, Vocab
 from vllm_dllm.options import DECODING_RULES
+from vllm_dllm.options.smoothing import SMOOTH_THRESHOLD_DECAY
 
 FIXED, THRESHOLD, FACTOR, ENTROPY_BOUND, HIERARCHY, CREDIT = (DECODING_RULES.index(name) for name in DECODING_RULES)
 CREDIT_SLOTS = 4
@@ -222,7 +224,11 @@ class ParallelParams:
     """Per-slot parallel-decoding parameters of a rule, and the two decisions they
     drive: how many candidates a request commits, and whether its block ended."""
 
-    def __init__(self, capacity: int, device: torch.device, max_gen: int, vocab: Vocab = WHOLE):
+    def __init__(self, capacity: int, device: torch.device, max_gen: int, vocab: Vocab = WHOLE,
+                 steps: Callable[[], torch.Tensor] | None = None):
+        """`steps()`: the steps each slot's request has run (DecodeState.step), which
+        an IterSmooth request's threshold falls with."""
+
         def zeros(dtype):
             return torch.zeros(capacity, dtype=dtype, device=device)
 
@@ -243,6 +249,11 @@ class ParallelParams:
         self.gamma = zeros(torch.float32)
         self.low_threshold = zeros(torch.float32)
         self.max_tokens_per_step = zeros(torch.long)
+        # IterSmooth: the threshold starts at 1 and falls by this much a step (0: off).
+        self.threshold_decay = zeros(torch.float32)
+        self.threshold_decay_host = np.zeros(capacity, dtype=np.float32)
+        self.steps = steps
+        self.ramps = False  # some request of this step has a falling threshold
         self.rule_host = np.zeros(capacity, dtype=np.int64)
         self.active = False  # some request of this step decodes in parallel
         self.ranks_by_entropy = False  # some request of this step uses entropy_bound
@@ -258,6 +269,9 @@ class ParallelParams:
         self.gamma[slot] = options.gamma
         self.low_threshold[slot] = options.low_threshold
         self.max_tokens_per_step[slot] = options.max_tokens_per_step
+        decay = SMOOTH_THRESHOLD_DECAY if getattr(options, "iter_smooth", False) and self.steps else 0.0
+        self.threshold_decay[slot] = decay
+        self.threshold_decay_host[slot] = decay
         self.credit_alpha[slot] = options.credit_alpha
         self.credit_decay[slot] = options.credit_decay
         self.credit_boost[slot] = options.credit_boost
@@ -288,6 +302,7 @@ class ParallelParams:
         self.ranks_by_entropy = any(rule.ranks_by_entropy for rule in rules)
         self.credits = any(rule.carries_credit for rule in rules)
         self.selects = any(rule.reranks for rule in rules)
+        self.ramps = bool(rules) and bool((self.threshold_decay_host[np.asarray(slots_host)] > 0).any())
 
     def _rows_of(self, slots: torch.Tensor, flag: str) -> torch.Tensor:
         """bool per request: its rule has `flag` set."""
@@ -295,7 +310,12 @@ class ParallelParams:
         return torch.isin(self.rule[slots], torch.tensor(codes, device=slots.device))
 
     def row_parameters(self, slots: torch.Tensor) -> RowParameters:
-        return RowParameters(self.threshold[slots], self.factor[slots], self.gamma[slots], self.low_threshold[slots])
+        threshold = self.threshold[slots]
+        if self.ramps:  # IterSmooth's: max(1 - decay * steps run, threshold)
+            decay = self.threshold_decay[slots]
+            falling = torch.where(decay > 0, 1 - decay * self.steps()[slots].float(), 0.0)
+            threshold = torch.maximum(threshold, falling)
+        return RowParameters(threshold, self.factor[slots], self.gamma[slots], self.low_threshold[slots])
 
     def fuse_credit(self, slots: torch.Tensor, positions: torch.Tensor, logits: torch.Tensor,
                     masked: torch.Tensor | None = None) -> torch.Tensor:

@@ -75,6 +75,10 @@ class Vocab:
     def sum(self, x: torch.Tensor) -> torch.Tensor:
         return x.sum(dim=-1)
 
+    def sum_over_ranks(self, x: torch.Tensor) -> torch.Tensor:
+        """Each rank's partial [rows, k] over its columns, summed over the ranks."""
+        return x
+
     def topk(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         return x.topk(k, dim=-1)
 
@@ -172,6 +176,10 @@ class VocabShard(Vocab):
 
     def sum(self, x: torch.Tensor) -> torch.Tensor:
         return self._gathered(x.sum(dim=-1))[..., 0].sum(dim=0).to(x.dtype)
+
+    def sum_over_ranks(self, x: torch.Tensor) -> torch.Tensor:
+        # Summed in rank order on every rank: all ranks hold the same bits.
+        return self.gather(x.float()).sum(dim=0).to(x.dtype)
 
     def topk(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         rows = x.shape[0]

@@ -13,6 +13,7 @@ from vllm_dllm.decoding.logits import LMHead
 from vllm_dllm.decoding.rules import make_rule
 from vllm_dllm.engine.batch_layout import SparseParams
 from vllm_dllm.engine.batch_phases import PhaseParams
+from vllm_dllm.engine.iter_smooth import SoftEmbeddings
 from vllm_dllm.engine.constraints import FrontierMasks, GrammarStep, block_of, frontier_masks, return_to_mask
 from vllm_dllm.engine.likelihood import ElboScorer, ElboTask
 from vllm_dllm.engine.logprob_store import LogprobStore
@@ -26,11 +27,18 @@ from vllm_dllm.phases import is_block_causal, query_lead
 # never ends a call early (its stops are still vLLM's to find).
 STOP_SLOTS = 8
 
+def _no_embedding():
+    raise ValueError("iter_smooth needs the model's input embedding, and this model exposes none")
+
+
 class RequestBatch:
     """Request slots and their state; slots double when a request finds none free."""
 
     def __init__(self, *, kind: str, ids: SpecialIds, capacity: int, max_model_len: int, block_size: int,
-                 device: torch.device, lm_head: LMHead, prefill_chunk: int = 0, max_logprobs: int = 20):
+                 device: torch.device, lm_head: LMHead, prefill_chunk: int = 0, max_logprobs: int = 20,
+                 embedding_rows=None):
+        """`embedding_rows()`: the input embedding's rows for the LM head's columns
+        (IterSmooth; None: a model without one, which refuses smoothing requests)."""
         self.ids = ids
         self.block_size = block_size
         self.max_model_len = max_model_len
@@ -67,6 +75,7 @@ class RequestBatch:
         self.logprobs = LogprobStore(capacity, max_model_len, max_logprobs, device)
         self.prompt_scorer = PromptScorer(capacity)
         self.elbo_scorer = ElboScorer()
+        self.smooth = SoftEmbeddings(capacity, device, lm_head.vocab, embedding_rows or _no_embedding)
         self.sparse = SparseParams(
             sequence_slots=np.zeros(capacity, dtype=np.int64),
             keep=np.zeros(capacity, dtype=np.int64),
@@ -113,6 +122,7 @@ class RequestBatch:
                 raise ValueError(f"request {req_id}: {name} must be between 0 and {self.logprobs.width - 1}")
         if likelihood is not None and (is_block_causal(options) or likelihood.request.context_tokens >= len(prompt)):
             raise ValueError(f"request {req_id}: no ELBO of its prompt: block-causal, or no continuation to score")
+        self.smooth.make_room(options)
         slot = self._free.pop()
         self.slots[req_id] = slot
         self.emitted[req_id] = 0
@@ -126,6 +136,7 @@ class RequestBatch:
         self.logprobs.admit(slot, logprobs)
         self.prompt_scorer.admit(slot, prompt_logprobs, options.block_length if is_block_causal(options) else 0)
         self.elbo_scorer.admit(slot, likelihood)
+        self.smooth.admit(slot, options)
         h = self.host
         h.prompt_len[slot] = len(prompt)
         h.gen_length[slot] = options.gen_length
@@ -164,6 +175,7 @@ class RequestBatch:
                 setattr(holder, name, grown)
         self.logprobs.grow_slots(2 * old)
         self.prompt_scorer.grow_slots(2 * old)
+        self.smooth.grow_slots(2 * old)
         self._free.extend(range(2 * old - 1, old - 1, -1))
 
     @staticmethod
@@ -239,6 +251,7 @@ class RequestBatch:
             self.host.block[slots_host], self.host.block_step[slots_host] = blocks, 0
             self.decode.block[slots], self.decode.block_step[slots] = to_device(blocks, self.device), 0
             self.rule.restart_block(slots, to_device(starts, self.device))
+            self.smooth.forget(slots, to_device(starts, self.device))
             self.emitted.update(returned)
         forced = {r: t for r, t in step.forced.items() if r in self.slots and t}
         if forced:

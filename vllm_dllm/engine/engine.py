@@ -46,6 +46,14 @@ def _no_context(num_tokens: int) -> contextlib.AbstractContextManager:
 _CANVAS = 5  # the report's first canvas column (after final, candidates, block, block step, edits)
 
 
+def _embedding_rows(model):
+    """The model's input embedding weight, read when a smoothing request arrives
+    (None: the model has no input_embedding)."""
+    if not hasattr(model, "input_embedding"):
+        return None
+    return lambda: model.input_embedding().weight
+
+
 class StepEngine(RequestBatch):
     """A batch of requests (batch.py) and the step over any subset of them.
 
@@ -89,7 +97,8 @@ class StepEngine(RequestBatch):
         default the model's whole-vocabulary `compute_logits`."""
         super().__init__(kind=kind, ids=ids, capacity=capacity, max_model_len=max_model_len, block_size=block_size,
                          device=device, lm_head=lm_head or LMHead(model.compute_logits),
-                         prefill_chunk=prefill_chunk, max_logprobs=max_logprobs)
+                         prefill_chunk=prefill_chunk, max_logprobs=max_logprobs,
+                         embedding_rows=_embedding_rows(model))
         self.model = model
         self.model_context = model_context or _no_context
         self.max_num_logits = max_num_logits
@@ -97,6 +106,7 @@ class StepEngine(RequestBatch):
         self.logits_shift = bool(getattr(model, "logits_shift", False))
         self.graphs = None
         self._call_logprobs_k: int | None = None  # the top logprobs this call's requests asked for
+        self._call_smooths = False  # a request of this call smooths (IterSmooth)
         if cuda_graphs and (device.type == "cuda" or graph_capture is not None):
             if getattr(backend, "graph_safe", False):
                 self.graphs = ReuseGraphs(
@@ -139,6 +149,7 @@ class StepEngine(RequestBatch):
                     + ", ".join(f"{req_ids[i]} planned {planned_tokens[i]}, step has {int(tokens[i])}" for i in bad)
                 )
         inputs = self._inputs(batch)
+        self._call_smooths = self.smooth.asks(slots_host)
         self._keep_snapshots(slots_host, batch)
         hidden = self._forward(batch, inputs)
 
@@ -328,6 +339,11 @@ class StepEngine(RequestBatch):
             self.snapshot[index] = self.decode.canvas[index]
 
     def _forward(self, batch: BatchLayout, inputs) -> torch.Tensor:
+        if self._call_smooths:  # eager: the input embeddings are the step's own
+            with attention_metadata(inputs.metadata), self.model_context(len(inputs.input_ids)):
+                embeds = self.smooth.add_to(self.model.embed_input_ids(inputs.input_ids), inputs.input_ids,
+                                            inputs.token_source, self.ids.mask, inputs.row_rebuild)
+                return self.model(inputs.input_ids, inputs.positions, inputs_embeds=embeds)
         key = None
         if self.graphs is not None and batch.fill is None:
             key = self.graphs.key(batch.sequences.num_queries, batch.refresh, inputs.metadata.has_kv_offset)
@@ -367,7 +383,11 @@ class StepEngine(RequestBatch):
             cfg_scale=cfg_scale,
             logprobs=logprobs,
             grammar=grammar,
+            smooth=self._smooth_chunk if self._call_smooths else None,
         )
+
+    def _smooth_chunk(self, logits, slots, positions) -> None:
+        self.smooth.record(logits, slots, positions, self.decode.step[slots])
 
     # ---- memory profiling ----------------------------------------------------
 

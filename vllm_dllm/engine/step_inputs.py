@@ -86,6 +86,7 @@ class StepInputs:
     # Where each row's token comes from: (from the prompt?, the prompt's token, the
     # canvas row and column), so a later step of the same layout rereads the canvas.
     token_source: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    row_rebuild: torch.Tensor | None = None  # bool per row: reads a past canvas (None: no row does)
 
     def read_tokens(self, canvas: torch.Tensor) -> None:
         """The input ids of the same layout over the canvas as it is now (in place: a
@@ -137,8 +138,10 @@ def build_step_inputs(
     from_prompt = torch.where(twin[query_seq].bool(), mask_id, from_prompt)
     canvas_index = (positions - row_prompt_len).clamp(min=0, max=canvas.shape[1] - 1)
     from_canvas = canvas[row_slot, canvas_index]
+    row_rebuild = None
     if layout.rebuild is not None and layout.rebuild.any():
-        from_canvas = torch.where(rebuild[query_seq].bool(), snapshot[row_slot, canvas_index], from_canvas)
+        row_rebuild = rebuild[query_seq].bool()
+        from_canvas = torch.where(row_rebuild, snapshot[row_slot, canvas_index], from_canvas)
     input_ids = torch.where(in_prompt, from_prompt, from_canvas)
 
     pooled = num_seqs - (0 if fill is None else len(fill.keep))
@@ -155,7 +158,7 @@ def build_step_inputs(
             host_query_row[rows:], tables[pooled:], rows, block_size, backend,
         )
     return StepInputs(input_ids, positions, metadata, cu, query_start,
-                      token_source=(in_prompt, from_prompt, row_slot, canvas_index))
+                      token_source=(in_prompt, from_prompt, row_slot, canvas_index), row_rebuild=row_rebuild)
 
 
 def _metadata(layout: SequenceLayout, cu: torch.Tensor, query_seq: np.ndarray, query_row: np.ndarray,

@@ -89,14 +89,21 @@ class TorchDiffusionLM(nn.Module):
         self.final_norm = nn.Parameter(torch.ones(shape.hidden_size))
         self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = self.embed(input_ids)
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         for layer in self.layers:
             x = layer(positions, x)
         return rms_norm(x, self.final_norm)
 
     def compute_logits(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden_rows)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed(input_ids)
+
+    def input_embedding(self) -> nn.Module:
+        return self.embed
 
     def output_head(self) -> nn.Module:
         return self.lm_head

@@ -38,10 +38,14 @@ class DiffusionLM(nn.Module):
         intermediate_tensors=None,
         inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return self.model(input_ids, positions)
+        return self.model(input_ids, positions, inputs_embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.model.project(hidden_states)
+
+    def input_embedding(self) -> nn.Module:
+        """The token embedding (a VocabParallelEmbedding: under TP, this rank's rows)."""
+        return self.model.embed
 
     def output_head(self) -> nn.Module:
         """The LM head (a ParallelLMHead: under TP, this rank's vocabulary rows)."""

@@ -45,8 +45,9 @@ class LayerStack(nn.Module):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return getattr(self, self.embedding)(input_ids)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = self.embed(input_ids)
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         for layer in self.layers:
             x = layer(positions, x)
         return self.norm(x)
@@ -73,10 +74,14 @@ class MoeDiffusionLM(nn.Module):
         return self.model.embed(input_ids)
 
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None) -> torch.Tensor:
-        return self.model(input_ids, positions)
+        return self.model(input_ids, positions, inputs_embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.logits_processor(self.lm_head, hidden_states)
+
+    def input_embedding(self) -> nn.Module:
+        """The token embedding (under TP, this rank's vocabulary rows)."""
+        return getattr(self.model, self.model.embedding)
 
     def output_head(self) -> nn.Module:
         """The LM head (under TP, this rank's vocabulary rows)."""

@@ -186,8 +186,10 @@ class BidirectionalTransformer(nn.Module):
         self.lm_head = ParallelLMHead(shape.vocab_size, shape.hidden_size, quant_config=quant_config)
         self.logits_processor = LogitsProcessor(shape.vocab_size)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x, residual = self.embed(input_ids), None
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+        residual = None
         for layer in self.layers:
             x, residual = layer(positions, x, residual)
         return self.final_norm(x, residual)[0]

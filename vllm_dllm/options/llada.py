@@ -27,6 +27,13 @@ from vllm_dllm.options.common import (
     check_cache_knobs,
     is_filter,
 )
+from vllm_dllm.options.smoothing import (
+    SMOOTH_DEFAULTS,
+    SMOOTH_KEYS,
+    IterSmoothOptions,
+    smooth_options,
+    smooth_range_problem,
+)
 
 LLADA = "llada"
 
@@ -34,7 +41,7 @@ LLADA_REMASKING = ("low_confidence", "random")
 
 
 @dataclass(frozen=True)
-class LLaDAOptions(CanvasPlacement, KVCacheOptions, ParallelDecodingOptions):
+class LLaDAOptions(CanvasPlacement, KVCacheOptions, ParallelDecodingOptions, IterSmoothOptions):
     gen_length: int
     steps: int
     block_length: int
@@ -67,6 +74,7 @@ LLADA_KEYS: dict[str, tuple[type, ...]] = {
     "confidence_eos_eot_inf": (bool,),
     **_CACHE_KEYS,
     **_PARALLEL_KEYS,
+    **SMOOTH_KEYS,
 }
 
 LLADA_DEFAULTS: dict[str, Any] = {
@@ -77,6 +85,7 @@ LLADA_DEFAULTS: dict[str, Any] = {
     "confidence_eos_eot_inf": False,
     **CACHE_DEFAULTS,
     **PARALLEL_DEFAULTS,
+    **SMOOTH_DEFAULTS,
 }
 
 
@@ -98,7 +107,7 @@ def _llada_range_problem(key: str, value: Any, prefix: str = "") -> str | None:
         return f"{prefix}unknown remasking '{value}': diffusion option 'remasking' must be {_one_of(LLADA_REMASKING)}"
     if key == "cfg_scale" and value is not None and value < 0:
         return f"{prefix}diffusion option '{key}' must be >= 0, got {value}"
-    return None
+    return smooth_range_problem(key, value, prefix)
 
 
 def resolve_llada(r: ResolveInput) -> LLaDAOptions:
@@ -124,6 +133,7 @@ def resolve_llada(r: ResolveInput) -> LLaDAOptions:
     return LLaDAOptions(
         **_cache_options(merged, delay_step),
         **_parallel_options(merged),
+        **smooth_options(merged, request),
         gen_length=gen_length,
         steps=steps,
         block_length=block_length,
