@@ -19,7 +19,8 @@ schedule and where K/V comes from:
                   tokens a step where the model is confident, fewer forwards
   ...+smooth      IterSmooth (dInfer): each still-masked position's expected
                   embedding fed back at the next step (and under the threshold
-                  rule, the threshold falling from 1 to 0.9 over the first steps)
+                  rule, the threshold falling from 1 to 0.9 over the first steps;
+                  ...+smooth-flat: the threshold at 0.9 from the start)
 
 Each row also gives the query tokens a request's forwards ran (the price the
 scheduler charges), from the plugin's per-step histogram.
@@ -52,6 +53,8 @@ POLICIES = {
     "blocks+smooth": {"cache": "none", "iter_smooth": True},
     "dual+smooth": {"cache": "dual", "iter_smooth": True},
     "dual+threshold+smooth": {"cache": "dual", "decoding": "threshold", "threshold": 0.9, "iter_smooth": True},
+    "dual+threshold+smooth-flat": {"cache": "dual", "decoding": "threshold", "threshold": 0.9, "iter_smooth": True,
+                                   "smooth_threshold_decay": 0.0},
 }
 QUERY_TOKENS = "vllm:diffusion_scheduled_query_tokens_per_step_sum"
 

@@ -93,6 +93,7 @@ def llada_generate(
     commit_logits: dict[int, torch.Tensor] | None = None,
     iter_smooth: bool = False,
     smooth_weight: float = 0.3,
+    smooth_threshold_decay: float = 0.02,
     **rule_params: float,
 ) -> OracleResult:
     """LLaDA `generate` (MODEL_SPEC section 3) with an optional KV-cache policy and
@@ -123,7 +124,7 @@ def llada_generate(
     step t, each masked position of the block that stays masked enters step t + 1 as
     its token's embedding plus w * softmax(logits) @ embedding, w = min(0.15 + 0.02 t,
     smooth_weight), in both CFG rows; a parallel rule's threshold is
-    max(1 - 0.02 t, threshold).
+    max(1 - smooth_threshold_decay * t, threshold).
     """
     threshold, factor, gamma, low_threshold, credit_alpha, credit_decay, credit_boost, max_tokens_per_step = (
         parallel_parameters(rule_params)
@@ -255,7 +256,9 @@ def llada_generate(
                 if decoding == "entropy_bound":
                     probs = F.softmax(logits[0], dim=-1)
                     entropy = {p: float(-(probs[p] * torch.log(probs[p])).nan_to_num().sum()) for p in masked}
-                step_threshold = max(1 - 0.02 * global_step, threshold) if iter_smooth else threshold
+                step_threshold = threshold
+                if iter_smooth and smooth_threshold_decay > 0:
+                    step_threshold = max(1 - smooth_threshold_decay * global_step, threshold)
                 keys, k = parallel_selection(
                     decoding, masked, {p: confidence[0, p] for p in masked}, entropy, k, threshold=step_threshold,
                     factor=factor, gamma=gamma, low_threshold=low_threshold, max_tokens_per_step=max_tokens_per_step)

@@ -79,6 +79,9 @@ LLADA_CASES = [
     Case("IterSmooth, threshold, dual cache, weight 0.5", 8, 32,
          {"block_length": 8, "steps": 32, "decoding": "threshold", "threshold": 0.3, "cache": "dual",
           "iter_smooth": True, "smooth_weight": 0.5}),
+    Case("IterSmooth, hierarchy, threshold falling by 0.05", 11, 32,
+         {"block_length": 16, "steps": 32, "decoding": "hierarchy", "threshold": 0.4, "low_threshold": 0.3,
+          "iter_smooth": True, "smooth_threshold_decay": 0.05}),
     Case("IterSmooth, CFG, prefix cache", 5, 16,
          {"block_length": 8, "steps": 16, "cfg_scale": 1.5, "cache": "prefix", "iter_smooth": True}),
     Case("IterSmooth, seeded gumbel, vicinity cache", 10, 16,
@@ -103,7 +106,7 @@ def cache_arguments(extra: dict, passed: set) -> dict:
     return arguments
 PARALLEL_KEYS = ("cache", "decoding", "threshold", "factor", "gamma", "low_threshold", "max_tokens_per_step",
                  "credit_alpha", "credit_decay", "credit_boost")
-LLADA_ONLY_KEYS = ("vicinity", "iter_smooth", "smooth_weight")
+LLADA_ONLY_KEYS = ("vicinity", "iter_smooth", "smooth_weight", "smooth_threshold_decay")
 
 DREAM_CASES = [
     Case("origin", 5, 24, {"steps": 24}, seed=1),

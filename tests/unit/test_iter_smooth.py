@@ -150,7 +150,7 @@ def test_a_smoothing_requests_threshold_falls_from_one():
     for slot, on in enumerate([True, True, True, True, False]):
         params.admit(slot, SimpleNamespace(
             decoding="threshold", threshold=0.5, factor=1.0, gamma=1.0, low_threshold=0.3, max_tokens_per_step=0,
-            credit_alpha=0.0, credit_decay=0.0, credit_boost=1.0, iter_smooth=on))
+            credit_alpha=0.0, credit_decay=0.0, credit_boost=1.0, iter_smooth=on, smooth_threshold_decay=0.02))
     slots = torch.arange(5)
     params.prepare(np.arange(5))
     got = params.row_parameters(slots).threshold

@@ -110,7 +110,7 @@ def test_dream_server_filter_defaults_go_through_vllm():
      "block_length, cache, cfg_scale, confidence_eos_eot_inf, credit_alpha, credit_boost, credit_decay, decoding, "
      "delay_step, factor, gamma, iter_smooth, "
      "logits_eos_inf, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, remasking, retention, scoring, selection, "
-     "smooth_weight, steps, threshold, vicinity"),
+     "smooth_threshold_decay, smooth_weight, steps, threshold, vicinity"),
     (dream(), {"cfg_scale": 1.0},
      "unknown diffusion option 'cfg_scale' for dream models ('cfg_scale' is a LLaDA option); "
      "Dream options are alg, alg_temp, block_length, cache, credit_alpha, credit_boost, credit_decay, decoding, "
@@ -120,7 +120,7 @@ def test_dream_server_filter_defaults_go_through_vllm():
      "block_length, cache, cfg_scale, confidence_eos_eot_inf, credit_alpha, credit_boost, credit_decay, decoding, "
      "delay_step, factor, gamma, iter_smooth, "
      "logits_eos_inf, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, remasking, retention, scoring, selection, "
-     "smooth_weight, steps, threshold, vicinity"),
+     "smooth_threshold_decay, smooth_weight, steps, threshold, vicinity"),
     (llada(), {"remasking": "bogus"},
      "unknown remasking 'bogus': diffusion option 'remasking' must be low_confidence or random"),
     (llada(), {"cache": "lru"},
@@ -133,6 +133,11 @@ def test_dream_server_filter_defaults_go_through_vllm():
     (llada(), {"iter_smooth": True, "smooth_weight": 0}, "diffusion option 'smooth_weight' must lie in (0, 1], got 0"),
     (llada(), {"smooth_weight": 0.5},
      "diffusion option 'smooth_weight'=0.5 only applies with 'iter_smooth': true"),
+    (llada(), {"iter_smooth": True, "smooth_threshold_decay": 0.1},
+     "diffusion option 'smooth_threshold_decay' only applies with decoding 'threshold', 'hierarchy' or 'credit', "
+     "but 'decoding' is 'fixed'"),
+    (llada(), {"iter_smooth": True, "decoding": "threshold", "smooth_threshold_decay": -0.1},
+     "diffusion option 'smooth_threshold_decay' must lie in [0, 1], got -0.1"),
     (llada(), {"iter_smooth": "yes"}, "diffusion option 'iter_smooth' must be bool, got str 'yes'"),
     (dream(), {"iter_smooth": True},
      "unknown diffusion option 'iter_smooth' for dream models ('iter_smooth' is a LLaDA option); "
@@ -156,7 +161,7 @@ def test_request_messages_are_one_clear_sentence(defaults, extra, message):
      "block_length, cache, cfg_scale, confidence_eos_eot_inf, credit_alpha, credit_boost, credit_decay, decoding, "
      "delay_step, factor, gamma, iter_smooth, "
      "logits_eos_inf, low_threshold, max_tokens_per_step, pool_kernel, refresh_interval, remasking, retention, scoring, selection, "
-     "smooth_weight, steps, threshold, vicinity"),
+     "smooth_threshold_decay, smooth_weight, steps, threshold, vicinity"),
     ({"remasking": "zzz"},
      "--additional-config dllm: unknown remasking 'zzz': diffusion option 'remasking' must be low_confidence or random"),
     ({"steps": 0}, "--additional-config dllm: diffusion option 'steps' must be a positive integer, got 0"),

@@ -62,7 +62,6 @@ import torch
 
 from vllm_dllm.decoding.vocab import WHOLE, Vocab
 from vllm_dllm.options import DECODING_RULES
-from vllm_dllm.options.smoothing import SMOOTH_THRESHOLD_DECAY
 
 FIXED, THRESHOLD, FACTOR, ENTROPY_BOUND, HIERARCHY, CREDIT = (DECODING_RULES.index(name) for name in DECODING_RULES)
 CREDIT_SLOTS = 4
@@ -269,7 +268,8 @@ class ParallelParams:
         self.gamma[slot] = options.gamma
         self.low_threshold[slot] = options.low_threshold
         self.max_tokens_per_step[slot] = options.max_tokens_per_step
-        decay = SMOOTH_THRESHOLD_DECAY if getattr(options, "iter_smooth", False) and self.steps else 0.0
+        smooths = getattr(options, "iter_smooth", False) and self.steps is not None
+        decay = options.smooth_threshold_decay if smooths else 0.0
         self.threshold_decay[slot] = decay
         self.threshold_decay_host[slot] = decay
         self.credit_alpha[slot] = options.credit_alpha
