@@ -8,7 +8,8 @@ One engine (offline, through the plugin) decodes the same held-out instances of 
 task under each setting: LLaDA2.0's threshold rule at 0.95 / 0.9 / 0.7 / 0.5 (its
 default is 0.95), LLaDA2.1's quality and speed modes, a sweep of the editing threshold
 over the threshold rule, and the plugin's parallel rules (factor, entropy_bound,
-hierarchy, credit) inside LLaDA2's blocks.  Reported per (setting, task): exact match
+hierarchy, credit) inside LLaDA2's blocks, and IterSmooth over the threshold rule and
+the quality mode.  Reported per (setting, task): exact match
 with its 95% interval, forwards per generated token (the plugin's denoising-step
 counter over the tokens returned: one forward per step per request) and tokens the
 step rewrote by editing, per request (the edited-tokens counter).  The separation
@@ -47,6 +48,13 @@ SETTINGS = {
     **{f"entropy_bound {g}": {"decoding": "entropy_bound", "gamma": g} for g in (0.5, 1.0)},
     "hierarchy 0.9/0.5": {"decoding": "hierarchy", "threshold": 0.9, "low_threshold": 0.5},
     "credit 0.9": {"decoding": "credit", "threshold": 0.9},
+    # IterSmooth (dInfer): each still-masked position's expected embedding fed back,
+    # the threshold falling from 1 by 0.02 a step (smooth-flat: at its own from the start).
+    **{f"2.0 threshold {t} + smooth": {"threshold": t, "iter_smooth": True} for t in (0.95, 0.7)},
+    "2.1 quality + smooth": {"mode": "quality", "iter_smooth": True},
+    **{f"2.0 threshold {t} + smooth-flat": {"threshold": t, "iter_smooth": True, "smooth_threshold_decay": 0.0}
+       for t in (0.95, 0.7)},
+    "2.1 quality + smooth-flat": {"mode": "quality", "iter_smooth": True, "smooth_threshold_decay": 0.0},
 }
 DEFAULT, LOOSE = "2.0 threshold 0.95", "2.0 threshold 0.5"
 EDITED = "vllm:diffusion_num_edited_tokens_total"

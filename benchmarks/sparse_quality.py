@@ -13,7 +13,8 @@ uses steps = canvas length (one token per step) and the same blocks per task:
                   sparse vs dual+delay1 isolates the effect of dropping positions
   sparse r s      cache sparse, retention r, selection s (head: every KV head keeps
                   its own top-k context positions; uniform: one set shared by all
-                  heads); delay_step 1, pool_kernel 3, positions scored by their
+                  heads); delay_step 1, the selection's own pool_kernel (head 1,
+                  uniform 3; --pool-kernels sets one for both), positions scored by their
                   largest logit with the block's queries (scoring max, the default)
   sparse r s mean the same scored by the mean query (scoring mean); uniform mean is
                   Sparse-dLLM's own method
@@ -48,7 +49,7 @@ DENSE = {
 }
 
 
-def settings(retentions, selections, scorings, delays=(1,), pools=(3,)) -> list[tuple[dict, dict | None]]:
+def settings(retentions, selections, scorings, delays=(1,), pools=(0,)) -> list[tuple[dict, dict | None]]:
     """(labels, options) per setting; options None is exact decoding (no xargs)."""
     out = [({"policy": name, "retention": None, "selection": None, "scoring": None}, opts)
            for name, opts in DENSE.items()]
@@ -62,14 +63,14 @@ def settings(retentions, selections, scorings, delays=(1,), pools=(3,)) -> list[
                     options = {"cache": "sparse", "retention": r, "selection": s, "scoring": scoring}
                     if delay != 1:  # 1 is sparse's default
                         labels["delay_step"] = options["delay_step"] = delay
-                    if pool != 3:  # 3 is the default pool_kernel
+                    if pool:  # 0: the selection's default pool_kernel
                         labels["pool_kernel"] = options["pool_kernel"] = pool
                     out.append((labels, options))
     return out
 
 
 def default_knobs(row: dict) -> bool:
-    return row.get("delay_step", 1) == 1 and row.get("pool_kernel", 3) == 3
+    return row.get("delay_step", 1) == 1 and "pool_kernel" not in row
 
 
 def xargs_for(options: dict | None, task: str) -> dict:
@@ -83,7 +84,7 @@ def setting_name(row: dict) -> str:
         return row["policy"]
     mean = " mean" if row.get("scoring") == "mean" else ""
     delay = "" if row.get("delay_step", 1) == 1 else f" delay{row['delay_step']}"
-    pool = "" if row.get("pool_kernel", 3) == 3 else f" pool{row['pool_kernel']}"
+    pool = f" pool{row['pool_kernel']}" if "pool_kernel" in row else ""
     return f"sparse r={row['retention']:g} {row['selection']}{mean}{delay}{pool}"
 
 
@@ -208,7 +209,8 @@ def main(argv=None) -> int:
     ap.add_argument("--selections", default=",".join(SELECTIONS))
     ap.add_argument("--scorings", default=",".join(SCORINGS))
     ap.add_argument("--delays", default="1", help="sparse delay_step values (1 is the default)")
-    ap.add_argument("--pool-kernels", default="3", help="sparse pool_kernel values (3 is the default)")
+    ap.add_argument("--pool-kernels", default="0",
+                    help="sparse pool_kernel values (0: each selection's default, 1 for head, 3 for uniform)")
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results/sparse-quality"))
     ap.add_argument("--from-results", action="store_true",

@@ -92,11 +92,18 @@ class Llada2Oracle:
             out = out + self._mlp(x, prefix + "shared_experts.")
         return out
 
-    def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Logits [L, V] of one sequence; mask: bool [L, L] (query, key)."""
+    @property
+    def embed(self) -> torch.Tensor:
+        return self.w["model.word_embeddings.weight"]
+
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [L, V] of one sequence; mask: bool [L, L] (query, key); `extra`
+        [L, hidden] is added to the token embeddings (IterSmooth)."""
         c, w = self.config, self.w
         positions = torch.arange(len(tokens))
         x = w["model.word_embeddings.weight"][tokens]
+        if extra is not None:
+            x = x + extra.to(x.dtype)
         for i in range(c["num_hidden_layers"]):
             p = f"model.layers.{i}."
             h = _rms(x, w[p + "input_layernorm.weight"], self.eps)
@@ -230,6 +237,9 @@ def llada2_generate(
     decoding: str = "fixed",
     commit_logits: dict | None = None,
     edit_log: list | None = None,
+    iter_smooth: bool = False,
+    smooth_weight: float = 0.3,
+    smooth_threshold_decay: float = 0.02,
     **rule_params: float,
 ) -> Llada2Result:
     """LLaDA2.0's generate (editing_threshold None) or LLaDA2.1's (set).  Draws at
@@ -247,7 +257,13 @@ def llada2_generate(
 
     `commit_logits`, if given, receives per canvas position the model's logits at
     the step that last wrote it (a commit or an edit).  With `edit_log`, each edit
-    appends (canvas position, token before, token after)."""
+    appends (canvas position, token before, token after).
+
+    iter_smooth (dInfer's IterationSmooth over the active block): after step t each
+    masked generated position of the block enters step t + 1 as its token's embedding
+    plus w * softmax(logits) @ embedding, w = min(0.15 + 0.02 t, smooth_weight), while
+    it stays masked; the threshold (the official rule's or a parallel rule's) is
+    max(1 - smooth_threshold_decay * t, threshold)."""
     from tests.oracle_rules import credit_fuse, parallel_parameters
     from tests.oracle_model import STREAM_LLADA_SAMPLE, uniform64
 
@@ -264,9 +280,12 @@ def llada2_generate(
                 logits[i] = credit_fuse(credit[i], logits[i], credit_alpha=credit_alpha, credit_decay=credit_decay,
                                         credit_boost=credit_boost)
         x0, p, dist = _pick(logits, temperature, top_k, top_p, draws, mask_id)
+        step_threshold = threshold
+        if iter_smooth and smooth_threshold_decay > 0:
+            step_threshold = max(1 - smooth_threshold_decay * global_step, threshold)
         if decoding == "fixed":
-            return (x0, p, *_masks_to_commit(p, active, threshold, floor))
-        return (x0, p, *_rule_masks(decoding, p, dist, active, floor, threshold=threshold, **rule))
+            return (x0, p, *_masks_to_commit(p, active, step_threshold, floor))
+        return (x0, p, *_rule_masks(decoding, p, dist, active, floor, threshold=step_threshold, **rule))
 
     P = len(prompt)
     B = block_length
@@ -288,10 +307,21 @@ def llada2_generate(
         committed_to.append(P + int(masked[0]) if len(masked) else total)
         ended_to.append(ended_before)
 
+    soft = torch.zeros(total, model.embed.shape[1]) if iter_smooth else None
+
     def step_logits(end):
-        nonlocal forwards, raw
+        nonlocal forwards, raw, soft
         forwards += 1
-        logits = model.forward(x[:end], mask[:end, :end])[end - B:end]
+        if iter_smooth:
+            extra = torch.where((x[:end] == mask_id)[:, None], soft[:end], 0.0)
+            logits = model.forward(x[:end], mask[:end, :end], extra)[end - B:end]
+            weight = min(0.15 + 0.02 * global_step, smooth_weight)
+            soft = torch.zeros_like(soft)
+            for i in range(B):
+                if end - B + i >= P and int(x[end - B + i]) == mask_id:
+                    soft[end - B + i] = weight * (torch.softmax(logits[i], -1) @ model.embed.float())
+        else:
+            logits = model.forward(x[:end], mask[:end, :end])[end - B:end]
         raw = logits.clone()
         return logits
 

@@ -68,6 +68,12 @@ CASES = [
     Case("2.0 sampled, top-k and top-p", 6, 16, {"block_length": 8, "steps": 8}, temperature=0.8, seed=3,
          top_k=20, top_p=0.9),
     Case("2.1 sampled", 10, 16, {"block_length": 8, "mode": "quality"}, temperature=0.7, seed=5),
+    # IterSmooth: the block's masked positions fed their expected embeddings, the
+    # official threshold falling from 1.
+    Case("2.0, IterSmooth, threshold 0.5", 6, 24, {"block_length": 8, "steps": 8, "threshold": 0.5,
+                                                   "iter_smooth": True}),
+    Case("2.1 quality, IterSmooth at weight 0.5", 11, 16,
+         {"block_length": 8, "mode": "quality", "iter_smooth": True, "smooth_weight": 0.5}),
 ]
 
 
@@ -156,9 +162,19 @@ def compare_cases(served, cases: list[Case], seed: int, check=None) -> set[str]:
 
 
 def test_plugin_matches_the_reference_batched_and_alone_with_its_forwards(served):
-    edited = compare_cases(served, CASES, 11)
+    smoothed = set()
+
+    def check(case, prompt, want, reference_with):
+        # IterSmooth's embeddings do reach the model: without them the reference decodes otherwise.
+        if case.extra.get("iter_smooth"):
+            plain = reference_with(iter_smooth=False, smooth_weight=0.3)
+            if (want.tokens, want.forwards) != (plain.tokens, plain.forwards):
+                smoothed.add(case.name)
+
+    edited = compare_cases(served, CASES, 11, check)
     # The 2.1 cases do exercise token editing on this model.
     assert len(edited) >= 4, sorted(edited)
+    assert smoothed, "IterSmooth changed no reference run"
 
 
 def release_generate(model, prompt: list[int], *, gen_length: int, block_length: int, threshold: float,
@@ -280,6 +296,9 @@ PARALLEL_CASES = [
                                         "gamma": 3.0}),
     Case("2.1 sampled, credit", 7, 16, {"block_length": 8, "mode": "quality", "decoding": "credit", "threshold": 0.4},
          temperature=0.7, seed=9),
+    Case("threshold, IterSmooth with the threshold flat", 7, 16,
+         {"block_length": 8, "steps": 8, "decoding": "threshold", "threshold": 0.3, "iter_smooth": True,
+          "smooth_threshold_decay": 0.0}),
     # The official rule in the same batches.
     CASES[0],
     CASES[5],

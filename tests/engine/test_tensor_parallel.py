@@ -120,8 +120,9 @@ def _compare_llada2(model_dir, llm):
     from tests.oracle_llada2 import load_llada2_oracle
     from tests.engine.test_llada2_decoding import CASES, reference
 
-    cases = [c for c in CASES if c.name.startswith(("2.0, one past", "2.1, quality", "2.1, speed", "2.0 sampled"))]
-    assert len(cases) == 4
+    cases = [c for c in CASES if c.name.startswith(("2.0, one past", "2.1, quality", "2.1, speed", "2.0 sampled",
+                                                     "2.0, IterSmooth"))]
+    assert len(cases) == 5
     ids = json.loads((Path(model_dir) / "generation_config.json").read_text())
     oracle = load_llada2_oracle(model_dir)
 

@@ -20,7 +20,7 @@ VOCAB, HIDDEN, MASK = 11, 6, 10
 
 
 def options(on: bool, block: int = 4, gen: int = 8, weight: float = 0.3):
-    return SimpleNamespace(iter_smooth=on, smooth_weight=weight, gen_length=gen, num_blocks=gen // block)
+    return SimpleNamespace(iter_smooth=on, smooth_weight=weight, gen_length=gen, block_length=block)
 
 
 def store(embedding: torch.Tensor, capacity: int = 3) -> SoftEmbeddings:

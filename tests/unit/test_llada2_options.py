@@ -205,3 +205,15 @@ def test_llada22_checkpoints_are_recognised():
     assert unsupported_release(SimpleNamespace()) is None
     problem = unsupported_release(SimpleNamespace(delete_token_id=156930, split_token_id=156931))
     assert "LLaDA2.2" in problem and "delete_token_id, split_token_id" in problem
+
+
+def test_iter_smooth_takes_llada_keys_and_falls_the_official_threshold():
+    o = options({"iter_smooth": True, "smooth_weight": 0.4, "smooth_threshold_decay": 0.05})
+    assert (o.iter_smooth, o.smooth_weight, o.smooth_threshold_decay) == (True, 0.4, 0.05)
+    assert not options().iter_smooth
+    # The official rule reads a threshold: the decay applies under `fixed` too.
+    assert options({"iter_smooth": True, "decoding": "fixed", "smooth_threshold_decay": 0}).smooth_threshold_decay == 0
+    with pytest.raises(OptionError, match="'smooth_threshold_decay' only applies with decoding 'fixed', 'threshold'"):
+        options({"iter_smooth": True, "decoding": "factor", "smooth_threshold_decay": 0.1})
+    with pytest.raises(OptionError, match="'smooth_weight'=0.4 only applies with 'iter_smooth': true"):
+        options({"smooth_weight": 0.4})

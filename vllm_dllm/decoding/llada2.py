@@ -43,6 +43,10 @@ predicting it would keep its block open forever (their loop has no bound then). 
 trained model never predicts the mask, so this only bounds a server's step count:
 every step with masks commits at least one real token.
 
+IterSmooth (engine/iter_smooth.py) feeds the block's still-masked positions their
+expected embeddings; its falling threshold is the official rule's threshold here, as
+it is a parallel rule's (ParallelParams.ramped).
+
 Sampling as the references: temperature 0 takes the argmax, with the unfiltered
 softmax probability as confidence; at T > 0 the logits are divided by T, filtered by
 top-k then top-p, and a token is drawn from that distribution (inverse CDF from the
@@ -111,7 +115,8 @@ class LLaDA2Rule(BatchedRule):
         self.top_k_max, self.any_top_p = 0, False
         self.top_p = torch.ones(cap, dtype=torch.float32, device=device)
         self.filtered = False
-        self.parallel = parallel.ParallelParams(cap, device, state.canvas.shape[1], state.vocab)
+        self.parallel = parallel.ParallelParams(cap, device, state.canvas.shape[1], state.vocab,
+                                                steps=lambda: state.step)
 
     def slot_holders(self) -> tuple:
         return (self, self.parallel)
@@ -217,7 +222,8 @@ class LLaDA2Rule(BatchedRule):
         masked = plan.candidates & (current == state.ids.mask)
         # Masks, officially: all above the threshold when they reach the quota, else
         # the quota's most confident (ties toward the lower position).
-        high = (masked & (confidence > self.threshold[slots, None])).sum(dim=1)
+        threshold = self.parallel.ramped(slots, self.threshold[slots])  # IterSmooth's, falling from 1
+        high = (masked & (confidence > threshold[:, None])).sum(dim=1)
         official = torch.where(high >= plan.count, high, plan.count)
         # A parallel rule ranks the masks (hierarchy: its selection first) and counts
         # them instead, never below the quota: the masks' plan counts what `fixed`

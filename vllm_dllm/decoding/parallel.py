@@ -302,20 +302,25 @@ class ParallelParams:
         self.ranks_by_entropy = any(rule.ranks_by_entropy for rule in rules)
         self.credits = any(rule.carries_credit for rule in rules)
         self.selects = any(rule.reranks for rule in rules)
-        self.ramps = bool(rules) and bool((self.threshold_decay_host[np.asarray(slots_host)] > 0).any())
+        self.ramps = bool((self.threshold_decay_host[np.asarray(slots_host)] > 0).any())
 
     def _rows_of(self, slots: torch.Tensor, flag: str) -> torch.Tensor:
         """bool per request: its rule has `flag` set."""
         codes = [DECODING_RULES.index(name) for name in self.present if getattr(_RULES[name], flag)]
         return torch.isin(self.rule[slots], torch.tensor(codes, device=slots.device))
 
+    def ramped(self, slots: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+        """`threshold` per request, an IterSmooth request's held at 1 - decay x the
+        steps it ran while that is higher (dInfer's falling threshold)."""
+        if not self.ramps:
+            return threshold
+        decay = self.threshold_decay[slots]
+        falling = torch.where(decay > 0, 1 - decay * self.steps()[slots].float(), 0.0)
+        return torch.maximum(threshold, falling)
+
     def row_parameters(self, slots: torch.Tensor) -> RowParameters:
-        threshold = self.threshold[slots]
-        if self.ramps:  # IterSmooth's: max(1 - decay * steps run, threshold)
-            decay = self.threshold_decay[slots]
-            falling = torch.where(decay > 0, 1 - decay * self.steps()[slots].float(), 0.0)
-            threshold = torch.maximum(threshold, falling)
-        return RowParameters(threshold, self.factor[slots], self.gamma[slots], self.low_threshold[slots])
+        return RowParameters(self.ramped(slots, self.threshold[slots]), self.factor[slots], self.gamma[slots],
+                             self.low_threshold[slots])
 
     def fuse_credit(self, slots: torch.Tensor, positions: torch.Tensor, logits: torch.Tensor,
                     masked: torch.Tensor | None = None) -> torch.Tensor:

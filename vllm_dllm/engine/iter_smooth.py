@@ -48,7 +48,7 @@ class SoftEmbeddings:
         """Room for a request's blocks, before it takes a slot (raises for a model
         without an input embedding)."""
         if getattr(options, "iter_smooth", False):
-            self._widen(options.gen_length // options.num_blocks)
+            self._widen(options.block_length)
 
     def admit(self, slot: int, options) -> None:
         """The request's weights (make_room first)."""

@@ -14,6 +14,8 @@ the official rule's, so it is one key read by `fixed` (the official quota/thresh
 choice), `threshold`, `hierarchy` and `credit`, with the official default 0.95 (or the
 mode's), and refused at the level that sets it only with `factor` or `entropy_bound`.
 The rules compose with 2.1's token editing (decoding/llada2.py says how and why).
+IterSmooth (options/smoothing.py) takes the same keys as on LLaDA; its falling
+threshold is the official rule's too.
 
 The canvas is block-aligned (decoding/llada2.py): `placed(prompt_len)` fixes where
 the prompt's partial last block leaves the first generated position.
@@ -38,6 +40,13 @@ from vllm_dllm.options.common import (
     _check_decoding,
     _one_of,
     _parallel_options,
+)
+from vllm_dllm.options.smoothing import (
+    SMOOTH_DEFAULTS,
+    SMOOTH_KEYS,
+    IterSmoothOptions,
+    smooth_options,
+    smooth_range_problem,
 )
 
 LLADA2 = "llada2"
@@ -65,6 +74,7 @@ LLADA2_KEYS: dict[str, tuple[type, ...]] = {
     "num_to_transfer": (int,),
     "mode": (str,),
     **_PARALLEL_KEYS,  # threshold: the same (int, float) as above
+    **SMOOTH_KEYS,
 }
 
 LLADA2_DEFAULTS: dict[str, Any] = {
@@ -78,6 +88,7 @@ LLADA2_DEFAULTS: dict[str, Any] = {
     "num_to_transfer": 1,
     "mode": None,
     **{name: value for name, value in PARALLEL_DEFAULTS.items() if name != "threshold"},
+    **SMOOTH_DEFAULTS,
 }
 
 # The rules that read each parallel decoding parameter: LLaDA's, and the official
@@ -86,7 +97,7 @@ LLADA2_DECODING_PARAMETERS = {**DECODING_PARAMETERS, "threshold": ("fixed", *DEC
 
 
 @dataclass(frozen=True)
-class LLaDA2Options(CanvasPlacement, KVCacheOptions, ParallelDecodingOptions):
+class LLaDA2Options(CanvasPlacement, KVCacheOptions, ParallelDecodingOptions, IterSmoothOptions):
     max_tokens: int
     block_length: int
     steps: int
@@ -165,7 +176,7 @@ def _range_problem(key: str, value: Any, prefix: str = "") -> str | None:
         return f"{option} must lie in [0, {MAX_POST_STEPS}], got {value}"
     if key == "mode" and value not in LLADA2_MODES:
         return f"{prefix}unknown mode '{value}': diffusion option 'mode' must be {_one_of(tuple(LLADA2_MODES))}"
-    return None
+    return smooth_range_problem(key, value, prefix)
 
 
 def expand_mode(level: dict[str, Any]) -> dict[str, Any]:
@@ -187,6 +198,7 @@ def resolve_llada2(r: ResolveInput) -> LLaDA2Options:
     editing = merged["editing_threshold"]
     return LLaDA2Options(
         **{name: value for name, value in _parallel_options(merged).items() if name != "threshold"},
+        **smooth_options(merged, r.given, threshold_rules=LLADA2_DECODING_PARAMETERS["threshold"]),
         max_tokens=r.gen_length,
         block_length=block_length,
         steps=r.steps,

@@ -46,17 +46,18 @@ def smooth_range_problem(key: str, value: Any, prefix: str = "") -> str | None:
     return None
 
 
-def smooth_options(merged: dict[str, Any], given: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def smooth_options(merged: dict[str, Any], given: dict[str, Any], prefix: str = "",
+                   threshold_rules: tuple[str, ...] = DECODING_PARAMETERS["threshold"]) -> dict[str, Any]:
     """The IterSmooth fields; a smoothing knob set at this level without smoothing
-    would be silently ignored, so it is refused."""
+    (or the threshold's decay without a rule that reads a threshold,
+    `threshold_rules`) would be silently ignored, so it is refused."""
     for key in ("smooth_weight", "smooth_threshold_decay"):
         if key in given and not merged["iter_smooth"]:
             raise OptionError(f"{prefix}diffusion option '{key}'={given[key]} only applies with 'iter_smooth': true")
-    rules = DECODING_PARAMETERS["threshold"]
-    if "smooth_threshold_decay" in given and merged["decoding"] not in rules:
+    if "smooth_threshold_decay" in given and merged["decoding"] not in threshold_rules:
         raise OptionError(
             f"{prefix}diffusion option 'smooth_threshold_decay' only applies with decoding "
-            f"{_one_of(tuple(map(repr, rules)))}, but 'decoding' is '{merged['decoding']}'"
+            f"{_one_of(tuple(map(repr, threshold_rules)))}, but 'decoding' is '{merged['decoding']}'"
         )
     return {"iter_smooth": bool(merged["iter_smooth"]), "smooth_weight": float(merged["smooth_weight"]),
             "smooth_threshold_decay": float(merged["smooth_threshold_decay"])}
