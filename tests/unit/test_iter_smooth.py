@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.vocab_shards import run_sharded
-from vllm_dllm.decoding.parallel import ParallelParams
+from vllm_dllm.decoding.parallel_params import ParallelParams
 from vllm_dllm.decoding.vocab import WHOLE
 from vllm_dllm.engine.iter_smooth import SoftEmbeddings
 from vllm_dllm.options.smoothing import smooth_weight_at

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vllm_dllm.decoding import parallel, sampling
+from vllm_dllm.decoding import parallel_params, sampling
 from vllm_dllm.decoding.base import BatchedRule, DecodeState, CandidatePlan
 from vllm_dllm.decoding.vocab import WHOLE, Vocab
 from vllm_dllm.options import DREAM, DREAM_ALGS, DreamOptions
@@ -54,7 +54,7 @@ def filter_top_p_top_k(logits: torch.Tensor, top_p: torch.Tensor, top_k: torch.T
     return logits.masked_fill((logits < kth) & (top_k > 0)[:, None], lowest)
 
 
-class DreamRule(parallel.ParallelDecoding, BatchedRule):
+class DreamRule(parallel_params.ParallelDecoding, BatchedRule):
     def __init__(self, state: DecodeState):
         super().__init__(state)
         cap, device = state.capacity, state.device
@@ -76,7 +76,7 @@ class DreamRule(parallel.ParallelDecoding, BatchedRule):
         self.margins = self.entropies = True
         self.alg_temp_host = np.zeros(cap, dtype=bool)
         self.flips = self.selects = True
-        self.parallel = parallel.ParallelParams(cap, device, state.canvas.shape[1], state.vocab)
+        self.parallel = parallel_params.ParallelParams(cap, device, state.canvas.shape[1], state.vocab)
 
     def admit(self, slot: int, options: DreamOptions) -> None:
         self.alg[slot] = DREAM_ALGS.index(options.alg)

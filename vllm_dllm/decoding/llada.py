@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vllm_dllm.decoding import parallel, sampling
+from vllm_dllm.decoding import parallel_params, sampling
 from vllm_dllm.decoding.base import BatchedRule, DecodeState, CandidatePlan
 from vllm_dllm.options import LLADA, LLaDAOptions
 
@@ -32,7 +32,7 @@ def transfer_count(num_masked: torch.Tensor, steps: torch.Tensor, step_in_block:
     return count_at(transfer_parts(num_masked, steps), step_in_block)
 
 
-class LLaDARule(parallel.ParallelDecoding, BatchedRule):
+class LLaDARule(parallel_params.ParallelDecoding, BatchedRule):
     def __init__(self, state: DecodeState):
         super().__init__(state)
         cap, device = state.capacity, state.device
@@ -51,7 +51,7 @@ class LLaDARule(parallel.ParallelDecoding, BatchedRule):
         # Host copies: a step where no request sets them skips their column writes.
         self.eos_flags_host = np.zeros((cap, 2), dtype=bool)
         self.any_logits_eos_inf = self.any_confidence_eos_eot_inf = True
-        self.parallel = parallel.ParallelParams(cap, device, state.canvas.shape[1], state.vocab,
+        self.parallel = parallel_params.ParallelParams(cap, device, state.canvas.shape[1], state.vocab,
                                                 steps=lambda: state.step)
 
     def admit(self, slot: int, options: LLaDAOptions) -> None:

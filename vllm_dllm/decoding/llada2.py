@@ -45,7 +45,7 @@ every step with masks commits at least one real token.
 
 IterSmooth (engine/iter_smooth.py) feeds the block's still-masked positions their
 expected embeddings; its falling threshold is the official rule's threshold here, as
-it is a parallel rule's (ParallelParams.ramped).
+it is a parallel rule's (parallel_params.ParallelParams.ramped).
 
 Sampling as the references: temperature 0 takes the argmax, with the unfiltered
 softmax probability as confidence; at T > 0 the logits are divided by T, filtered by
@@ -58,7 +58,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vllm_dllm.decoding import parallel, sampling
+from vllm_dllm.decoding import parallel, parallel_params, sampling
 from vllm_dllm.decoding.base import BatchedRule, DecodeState, CandidatePlan
 from vllm_dllm.decoding.vocab import WHOLE, Vocab
 from vllm_dllm.options import LLADA2, LLaDA2Options
@@ -115,7 +115,7 @@ class LLaDA2Rule(BatchedRule):
         self.top_k_max, self.any_top_p = 0, False
         self.top_p = torch.ones(cap, dtype=torch.float32, device=device)
         self.filtered = False
-        self.parallel = parallel.ParallelParams(cap, device, state.canvas.shape[1], state.vocab,
+        self.parallel = parallel_params.ParallelParams(cap, device, state.canvas.shape[1], state.vocab,
                                                 steps=lambda: state.step)
 
     def slot_holders(self) -> tuple:
