@@ -271,3 +271,26 @@ def test_iter_smooth_changes_what_is_decoded(served):
     smoothed = llm.generate(prompts, smooth, use_tqdm=False)
     differ = [a.outputs[0].token_ids != b.outputs[0].token_ids for a, b in zip(plain, smoothed)]
     assert any(differ)
+
+
+def test_a_plain_request_after_a_smoothing_one_decodes_as_alone(served):
+    """A finished smoothing request leaves nothing for the next request in its slot,
+    even when that one shares its steps with another smoothing request."""
+    arch, _, llm = served
+    if arch != "llada":
+        return
+    rng = random.Random(12)
+    base = {"block_length": 8, "steps": 32}
+    smooth = SamplingParams(max_tokens=32, temperature=0.0, extra_args={**base, "iter_smooth": True})
+    plain = SamplingParams(max_tokens=32, temperature=0.0, extra_args=base)
+    differs = 0
+    for _ in range(3):
+        first, second, other = (random_prompt(rng, n) for n in (6, 9, 7))
+        alone = llm.generate([{"prompt_token_ids": second}], plain, use_tqdm=False)[0].outputs[0].token_ids
+        llm.generate([{"prompt_token_ids": first}], smooth, use_tqdm=False)  # frees the slot the next one takes
+        mixed = llm.generate([{"prompt_token_ids": second}, {"prompt_token_ids": other}], [plain, smooth],
+                             use_tqdm=False)
+        assert mixed[0].outputs[0].token_ids == alone
+        differs += mixed[1].outputs[0].token_ids != llm.generate(
+            [{"prompt_token_ids": other}], plain, use_tqdm=False)[0].outputs[0].token_ids
+    assert differs  # the smoothing request beside it did smooth

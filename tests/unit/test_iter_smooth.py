@@ -93,9 +93,46 @@ def test_a_wider_block_keeps_what_is_stored_and_a_grown_batch_too():
     soft.make_room(options(True, block=16, gen=32))
     soft.admit(1, options(True, block=16, gen=32))
     soft.grow_slots(4)
-    assert soft.width == 16 and len(soft.cap) == 4 and soft.tags.shape == (4, 16)
+    assert soft.width == 16 and soft.lanes == 2 and len(soft.cap) == 4
     assert torch.equal(soft.add_to(torch.zeros(2, HIDDEN), input_ids, source, MASK), before)
-    assert (soft.tags[2:] == -1).all() and soft.cap_host[2:].sum() == 0
+    assert (soft.lane_of[2:] == -1).all() and soft.cap_host[2:].sum() == 0
+
+
+def test_the_store_holds_a_lane_per_smoothing_request_only():
+    soft = store(torch.randn(VOCAB, HIDDEN), capacity=64)
+    for slot in range(64):
+        soft.make_room(options(slot == 7, block=32, gen=32))
+        soft.admit(slot, options(slot == 7, block=32, gen=32))
+    assert soft.lanes == 1 and tuple(soft.values.shape) == (2, 32, HIDDEN)  # one lane and the untagged one
+    soft.release(7)
+    soft.make_room(options(True, block=32, gen=32))
+    soft.admit(9, options(True, block=32, gen=32))
+    assert soft.lanes == 1 and int(soft.lane_of[9]) == 0
+
+
+def test_a_plain_request_in_a_smoothing_requests_old_slot_reads_nothing():
+    soft = store(torch.randn(VOCAB, HIDDEN))
+    soft.make_room(options(True))
+    soft.admit(0, options(True))
+    soft.record(torch.randn(2, VOCAB), torch.tensor([0, 0]), torch.tensor([4, 5]), torch.tensor([3, 3]))
+    soft.release(0)  # the request finished; a plain one takes its slot
+    soft.admit(0, options(False))
+    soft.make_room(options(True))
+    soft.admit(1, options(True))  # a smoothing request in the same step
+    input_ids, source = rows_of([0, 0], [4, 5], [MASK, MASK])
+    base = torch.randn(2, HIDDEN)
+    assert torch.equal(soft.add_to(base, input_ids, source, MASK), base)
+
+
+def test_a_step_reads_only_the_step_before():
+    soft = store(torch.randn(VOCAB, HIDDEN))
+    soft.make_room(options(True))
+    soft.admit(0, options(True))
+    soft.record(torch.randn(1, VOCAB), torch.tensor([0]), torch.tensor([2]), torch.tensor([0]))
+    soft.clear(torch.tensor([0]))  # the next step projects nothing at position 2
+    input_ids, source = rows_of([0], [2], [MASK])
+    base = torch.randn(1, HIDDEN)
+    assert torch.equal(soft.add_to(base, input_ids, source, MASK), base)
 
 
 def test_positions_returned_to_the_mask_are_forgotten():
@@ -104,7 +141,7 @@ def test_positions_returned_to_the_mask_are_forgotten():
     soft.admit(0, options(True, block=8))
     soft.record(torch.randn(3, VOCAB), torch.tensor([0, 0, 0]), torch.tensor([1, 3, 5]), torch.tensor([4, 4, 4]))
     soft.forget(torch.tensor([0]), torch.tensor([3]))
-    assert sorted(t for t in soft.tags[0].tolist() if t >= 0) == [1]
+    assert sorted(t for t in soft.tags[int(soft.lane_of[0])].tolist() if t >= 0) == [1]
 
 
 def test_asking_is_known_on_the_host():
@@ -137,7 +174,7 @@ def test_vocabulary_shards_sum_to_the_whole_expected_embedding(world):
             soft.make_room(options(True))
             soft.admit(slot, options(True))
         soft.record(logits[:, start:end], slots, positions, torch.zeros(4, dtype=torch.long))
-        return soft.values[slots, positions % soft.width]
+        return soft.values[soft.lane_of[slots], positions % soft.width]
 
     whole = recorded(WHOLE, 0, VOCAB)
     for rank_values in run_sharded(recorded, VOCAB, world):

@@ -225,6 +225,7 @@ class RequestBatch:
             self.logprobs.release(slot)
             self.prompt_scorer.release(slot, req_id)
             self.elbo_scorer.release(slot)
+            self.smooth.release(slot)
             self.emitted.pop(req_id)
             self._num_blocks.pop(req_id, None)
             self._free.append(slot)

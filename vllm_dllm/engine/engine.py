@@ -303,6 +303,8 @@ class StepEngine(RequestBatch):
         collector = (LogprobsCollector(logprobs_k, self.device, self.lm_head.vocab)
                      if logprobs_k is not None else None)
         before = self.decode.canvas[slots, :width].clone() if collector is not None else None
+        if self._call_smooths:
+            self.smooth.clear(slots)  # the forward read the last step's; this step records its own
         done = self.rule.denoise(
             slots_host, slots, width,
             lambda rows, positions: self._reduce(hidden, bases, has_twins, slots, rows, positions, collector),
