@@ -1,6 +1,7 @@
 """LLaDA-MoE through vLLM's engine, decoded as LLaDA: token for token against LLaDA's
 reference generate() (tests/oracle.py) running on the LLaDA-MoE oracle forward
-(tests/oracle_llada_moe.py), batched, greedy, with LLaDA's options.  One engine."""
+(tests/oracle_llada_moe.py), batched, greedy, with LLaDA's options, its Refresh steps'
+routed experts in row chunks.  One engine."""
 
 from __future__ import annotations
 
@@ -29,9 +30,21 @@ CASES = [
 @pytest.fixture(scope="module")
 def served(tiny_dirs):
     model_dir = tiny_dirs("llada-moe")
-    llm = make_engine(model_dir)
+    # A 10-row LM-head tile: every Refresh runs its routed experts (and dense layers) in chunks.
+    llm = make_engine(model_dir, additional_config={"dllm": {"max_num_logits": 10}})
     yield model_dir, llm
     close_engine(llm)
+
+
+def _routed_chunk_rows(worker) -> list:
+    return [m.max_rows for m in worker.model_runner.model.modules() if hasattr(m, "top_k") and hasattr(m, "max_rows")]
+
+
+def test_refresh_steps_run_their_routed_experts_in_chunks(served):
+    _, llm = served
+    (rows,) = llm.collective_rpc(_routed_chunk_rows)
+    # Every MoE layer, well under a Refresh of these cases' prompt and canvas (21-44 tokens).
+    assert rows and max(rows) < 21
 
 
 def test_greedy_decoding_equals_the_llada_reference(served):

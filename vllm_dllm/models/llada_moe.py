@@ -32,6 +32,7 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm_dllm.attention.paged import DiffusionAttention
 from vllm_dllm.models.moe_lm import FUSED_GATE_UP, FusedName, LayerStack, MoeDiffusionLM
 from vllm_dllm.models.rope import Rotary
+from vllm_dllm.models.token_chunks import RoutedRows, chunked_rows
 from vllm_dllm.models.transformer import GatedMLP, TransformerShape, fused_qkv, kv_heads_over_ranks, rank_heads
 
 
@@ -111,11 +112,12 @@ class LladaMoeAttention(nn.Module):
         return out
 
 
-class LladaMoeExperts(nn.Module):
+class LladaMoeExperts(RoutedRows, nn.Module):
     """Router gate (model dtype, no bias), the expert bias, and the routed experts."""
 
     def __init__(self, config, quant_config, prefix: str):
         super().__init__()
+        self.top_k, self.expert_width = config.num_experts_per_tok, config.expert_intermediate_size
         # Replicated on every rank, in the model's dtype, never quantised.
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)
         self.expert_bias = None
@@ -145,6 +147,9 @@ class LladaMoeExperts(nn.Module):
         return weights.to(hidden_states.dtype), ids
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return chunked_rows(hidden, self.max_rows, self._routed)
+
+    def _routed(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.experts(hidden_states=hidden, router_logits=self.gate(hidden))
 
 

@@ -22,6 +22,7 @@ from torch import nn
 from vllm.model_executor.layers.fused_moe import FusedMoEFactory
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
+from vllm_dllm.models.token_chunks import RoutedRows, chunked_rows
 from vllm_dllm.models.transformer import GatedMLP
 
 # `<moe>.experts.<e>.<projection>.weight`, the per-expert names of HF MoE checkpoints.
@@ -57,9 +58,10 @@ class RouterGate(nn.Module):
         return torch.nn.functional.linear(hidden.float(), self.weight)
 
 
-class SparseMoE(nn.Module):
+class SparseMoE(RoutedRows, nn.Module):
     def __init__(self, config, shared_mlp_shape, quant_config, prefix: str):
         super().__init__()
+        self.top_k, self.expert_width = config.num_experts_per_tok, config.moe_intermediate_size
         score_function = getattr(config, "score_function", "sigmoid")
         with_bias = bool(getattr(config, "moe_router_enable_expert_bias", True))
         self.gate = RouterGate(config.hidden_size, config.num_experts, with_bias)
@@ -86,7 +88,10 @@ class SparseMoE(nn.Module):
         )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        routed = self.experts(hidden_states=hidden, router_logits=self.gate(hidden))
+        routed = chunked_rows(hidden, self.max_rows, self._routed)
         if self.shared_experts is not None:
             routed = routed + self.shared_experts(hidden)
         return routed
+
+    def _routed(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.experts(hidden_states=hidden, router_logits=self.gate(hidden))

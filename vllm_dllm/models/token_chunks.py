@@ -7,12 +7,17 @@ such byte is KV cache that is not there.  The LM head already projects at most
 `max_num_logits` rows at a time; that tile is the step's activation budget.  An FFN
 whose intermediate for the step would exceed it runs over balanced chunks of the
 step's tokens, each within it; a step that fits (every Reuse step, a short Refresh)
-runs whole, so chunking costs nothing where it is not needed.  Rows are independent
-through an FFN, so chunking changes no token (tested through the engine).
+runs whole, so chunking costs nothing where it is not needed.  The routed experts of
+the MoE models chunk the same way, their per-row intermediate counted as top-k experts'
+gate, up and activation.  Rows are independent through an FFN, so chunking changes no
+token (tested through the engine).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
 from torch import nn
 
 LOGITS_BYTES = 4  # the tile is counted as float32 logits
@@ -41,6 +46,32 @@ def balanced_chunks(rows: int, max_rows: int) -> list[tuple[int, int]]:
         chunks.append((start, stop))
         start = stop
     return chunks
+
+
+def chunked_rows(x: torch.Tensor, max_rows: int | None, project: Callable[[torch.Tensor], torch.Tensor]
+                 ) -> torch.Tensor:
+    """`project(x)` for a row-wise `project` whose output rows have x's shape, over
+    balanced chunks of x's rows when there are more than `max_rows` (None: whole)."""
+    if max_rows is None or len(x) <= max_rows:
+        return project(x)
+    out = torch.empty_like(x)
+    for start, stop in balanced_chunks(len(x), max_rows):
+        out[start:stop] = project(x[start:stop])
+    return out
+
+
+class RoutedRows:
+    """Mixed into a routed-experts module (`top_k` experts of `expert_width` per row,
+    counted whole: under tensor or expert parallelism a rank holds less): its steps
+    run in row chunks within the activation budget."""
+
+    max_rows: int | None = None  # None: every step runs whole
+    top_k: int
+    expert_width: int
+
+    def limit_activation(self, budget_bytes: int) -> None:
+        itemsize = torch.get_default_dtype().itemsize  # vLLM builds in the model's dtype
+        self.max_rows = rows_within(budget_bytes, 3 * self.top_k * self.expert_width * itemsize)
 
 
 def limit_activations(model: nn.Module, budget_bytes: int) -> int:

@@ -28,7 +28,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
 from vllm_dllm.attention.paged import DiffusionAttention
 from vllm_dllm.attention.sparse import HeadsOverRanks
 from vllm_dllm.models.rope import Rotary
-from vllm_dllm.models.token_chunks import balanced_chunks, rows_within
+from vllm_dllm.models.token_chunks import chunked_rows, rows_within
 
 
 @dataclass(frozen=True)
@@ -135,12 +135,7 @@ class GatedMLP(nn.Module):
         self.max_rows = rows_within(budget_bytes, 3 * width * self.activation_bytes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.max_rows is None or len(x) <= self.max_rows:
-            return self._project(x)
-        out = torch.empty_like(x)
-        for start, stop in balanced_chunks(len(x), self.max_rows):
-            out[start:stop] = self._project(x[start:stop])
-        return out
+        return chunked_rows(x, self.max_rows, self._project)
 
     def _project(self, x: torch.Tensor) -> torch.Tensor:
         x, _ = self.gate_up_proj(x)
