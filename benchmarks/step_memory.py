@@ -1,13 +1,17 @@
 """A step's activation peak against its query tokens, with and without the FFN run in
-chunks of tokens (vllm_dllm/models/token_chunks.py), on LLaDA-8B's widths.
+chunks of tokens (vllm_dllm/models/token_chunks.py), on LLaDA-8B's or LLaDA-MoE's widths.
 
     python benchmarks/step_memory.py --out benchmarks/results/step-memory/NAME
-        [--tokens 512 1024 2048 4096] [--max-num-logits 128 1024] [--layers 1] [--time-tokens 2048]
+        [--shape llada-8b|llada-moe] [--tokens 512 1024 2048 4096] [--max-num-logits 128 1024]
+        [--layers 1] [--time-tokens 2048]
 
-The model is the plugin's LLaDA on vLLM's layers (`vllm.LLM` in this process, random
-weights: `load_format="dummy"`) with LLaDA-8B's widths (hidden 4096, 32 heads, FFN
-12,288, vocabulary 126,464, bfloat16) and `--layers` layers: a step's transient peak
-is one layer's, whatever the depth.  Each point is one Refresh forward over a
+The model is the plugin's LLaDA (or LLaDA-MoE) on vLLM's layers (`vllm.LLM` in this
+process, random weights: `load_format="dummy"`), bfloat16, with `--layers` layers (a
+step's transient peak is one layer's, whatever the depth) of the shape's widths:
+llada-8b, LLaDA-8B's (hidden 4096, 32 heads, FFN 12,288, vocabulary 126,464);
+llada-moe, LLaDA-MoE-7B's as reported (hidden 2048, 16 heads, 64 routed experts, top 8)
+with an expert width of 1,024 assumed (its config.json was not available), every layer
+routed, and a vocabulary of 157,184 (the tokenizer's ids lie within it).  Each point is one Refresh forward over a
 sequence of T query tokens (the largest phase a step has), its peak of live tensor
 bytes above what was live before it, from torch.profiler's allocation events (so the
 allocator's caching does not enter).  The LM head's tile is reported beside it:
@@ -29,21 +33,34 @@ import sys
 import tempfile
 import time
 
-HIDDEN, HEADS, FFN, VOCAB = 4096, 32, 12288, 126464
+SHAPES = {
+    "llada-8b": ("llada", dict(d_model=4096, n_heads=32, n_kv_heads=32, mlp_hidden_size=12288), "n_layers",
+                 "max_sequence_length"),
+    "llada-moe": ("llada-moe", dict(hidden_size=2048, num_attention_heads=16, num_key_value_heads=16,
+                                    num_experts=64, num_experts_per_tok=8, expert_intermediate_size=1024,
+                                    shared_expert_intermediate_size=None, dense_intermediate_size=8192,
+                                    vocab_size=157184),
+                  "num_hidden_layers", "max_position_embeddings"),
+}
 
 
-def make_model_dir(root: pathlib.Path, layers: int, max_len: int) -> pathlib.Path:
-    """A LLaDA checkpoint folder of LLaDA-8B's widths whose weights vLLM draws at load
-    (its config and real tokenizer; the tiny weights written beside them are not read)."""
+def make_model_dir(root: pathlib.Path, shape: str, layers: int, max_len: int) -> tuple[pathlib.Path, dict]:
+    """A checkpoint folder of the shape's widths whose weights vLLM draws at load (its
+    config and real tokenizer; the tiny weights written beside them are not read), and
+    its config."""
     from vllm_dllm.tools.make_tiny import make_tiny
 
-    out = make_tiny("llada", root / "llada-8b-shape", vocab="real", layers=1, hidden=64, heads=2,
+    arch, widths, layers_key, length_key = SHAPES[shape]
+    # LLaDA-MoE's tiny writer has the small tokenizer only: its vocabulary is widened in the config.
+    out = make_tiny(arch, root / f"{shape}-shape", vocab="small" if arch == "llada-moe" else "real", layers=1,
+                    hidden=64, heads=2,
                     intermediate=64, max_len=max_len, dtype="bfloat16")
     config = json.loads((out / "config.json").read_text())
-    config.update(d_model=HIDDEN, n_heads=HEADS, n_kv_heads=HEADS, mlp_hidden_size=FFN, n_layers=layers,
-                  max_sequence_length=max_len)
+    config.update(widths, **{layers_key: layers, length_key: max_len})
+    if arch == "llada-moe":
+        config["moe_layer_freq"] = [1] * layers
     (out / "config.json").write_text(json.dumps(config, indent=1))
-    return out
+    return out, config
 
 
 def peak_bytes(fn) -> int:
@@ -64,7 +81,7 @@ def peak_bytes(fn) -> int:
     return peak
 
 
-def refresh_forward(worker, tokens: int, chunked: bool, measure: str):
+def refresh_forward(worker, tokens: int, chunked: bool, measure: str, vocab: int):
     """In the worker: one Refresh of a `tokens`-long sequence through the model, the
     FFN chunked by the LM-head tile or whole; its peak bytes or its wall seconds."""
     import numpy as np
@@ -87,7 +104,7 @@ def refresh_forward(worker, tokens: int, chunked: bool, measure: str):
     inputs = build_step_inputs(layout, prompt_tokens=engine.prompt_tokens, prompt_len=engine.prompt_len,
                                canvas=engine.decode.canvas, block_table=engine.block_table[:1].clone(),
                                block_size=engine.block_size, mask_id=engine.ids.mask, backend=engine.backend)
-    ids = torch.randint(0, VOCAB, (tokens,))
+    ids = torch.randint(0, vocab, (tokens,))
 
     @torch.inference_mode()
     def forward():
@@ -129,6 +146,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=pathlib.Path, required=True)
     ap.add_argument("--tokens", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     ap.add_argument("--max-num-logits", type=int, nargs="+", default=[128, 1024])
+    ap.add_argument("--shape", default="llada-8b", choices=tuple(SHAPES))
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--time-tokens", type=int, default=2048)
     ap.add_argument("--repeats", type=int, default=3)
@@ -141,19 +159,22 @@ def main(argv=None) -> int:
 
     max_len = max(max(args.tokens), args.time_tokens)
     max_len = 1 << (max_len - 1).bit_length()
-    result = {"widths": dict(hidden=HIDDEN, heads=HEADS, ffn=FFN, vocab=VOCAB, dtype="bfloat16"),
-              "layers": args.layers, "tokens": args.tokens, "runs": []}
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = make_model_dir(pathlib.Path(tmp), args.layers, max_len)
+        model_dir, config = make_model_dir(pathlib.Path(tmp), args.shape, args.layers, max_len)
+        vocab = config["vocab_size"]
+        hidden = config.get("d_model") or config["hidden_size"]
+        result = {"shape": args.shape, "widths": {**SHAPES[args.shape][1], "vocab": vocab, "dtype": "bfloat16"},
+                  "layers": args.layers, "tokens": args.tokens, "runs": []}
         for rows in args.max_num_logits:
             llm = LLM(model=str(model_dir), load_format="dummy", dtype="bfloat16", max_model_len=max_len,
-                      max_num_batched_tokens=max_len, max_num_seqs=4, kv_cache_memory_bytes=2 * max_len * 2 * HIDDEN * 2 * args.layers,
+                      max_num_batched_tokens=max_len, max_num_seqs=4,
+                      kv_cache_memory_bytes=2 * max_len * 2 * hidden * 2 * args.layers,
                       enforce_eager=True, seed=0, additional_config={"dllm": {"max_num_logits": rows}})
-            run = {"max_num_logits": rows, "logits_tile_bytes": logits_tile_bytes(rows, VOCAB), "points": []}
+            run = {"max_num_logits": rows, "logits_tile_bytes": logits_tile_bytes(rows, vocab), "points": []}
             for tokens in args.tokens:
                 point = {"tokens": tokens}
                 for chunked in (False, True):
-                    (value,) = llm.collective_rpc(refresh_forward, args=(tokens, chunked, "peak"))
+                    (value,) = llm.collective_rpc(refresh_forward, args=(tokens, chunked, "peak", vocab))
                     point["chunked" if chunked else "whole"] = value[0]
                     if chunked:
                         point["ffn_chunk_rows"] = value[1]
@@ -162,7 +183,7 @@ def main(argv=None) -> int:
             times = {"whole": [], "chunked": []}
             for _ in range(args.repeats):
                 for chunked in (False, True):
-                    (value,) = llm.collective_rpc(refresh_forward, args=(args.time_tokens, chunked, "time"))
+                    (value,) = llm.collective_rpc(refresh_forward, args=(args.time_tokens, chunked, "time", vocab))
                     times["chunked" if chunked else "whole"].append(value[0])
             run["time_tokens"] = args.time_tokens
             run["seconds"] = {k: statistics.median(v) for k, v in times.items()}
@@ -182,7 +203,8 @@ def main(argv=None) -> int:
 
 def table(result: dict, budgets: list[float]) -> str:
     mib = 1 << 20
-    lines = [f"LLaDA-8B widths, bfloat16, {result['layers']} layer(s); peak live bytes of one Refresh forward "
+    shape = result.get("shape", "llada-8b")
+    lines = [f"{shape} widths, bfloat16, {result['layers']} layer(s); peak live bytes of one Refresh forward "
              "above those live before it (MiB)", ""]
     for run in result["runs"]:
         tile = run["logits_tile_bytes"]

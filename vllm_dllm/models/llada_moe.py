@@ -117,7 +117,7 @@ class LladaMoeExperts(RoutedRows, nn.Module):
 
     def __init__(self, config, quant_config, prefix: str):
         super().__init__()
-        self.top_k, self.expert_width = config.num_experts_per_tok, config.expert_intermediate_size
+        self.routed_rows(config.num_experts_per_tok, config.expert_intermediate_size)
         # Replicated on every rank, in the model's dtype, never quantised.
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)
         self.expert_bias = None

@@ -61,7 +61,7 @@ class RouterGate(nn.Module):
 class SparseMoE(RoutedRows, nn.Module):
     def __init__(self, config, shared_mlp_shape, quant_config, prefix: str):
         super().__init__()
-        self.top_k, self.expert_width = config.num_experts_per_tok, config.moe_intermediate_size
+        self.routed_rows(config.num_experts_per_tok, config.moe_intermediate_size)
         score_function = getattr(config, "score_function", "sigmoid")
         with_bias = bool(getattr(config, "moe_router_enable_expert_bias", True))
         self.gate = RouterGate(config.hidden_size, config.num_experts, with_bias)

@@ -63,15 +63,17 @@ def chunked_rows(x: torch.Tensor, max_rows: int | None, project: Callable[[torch
 class RoutedRows:
     """Mixed into a routed-experts module (`top_k` experts of `expert_width` per row,
     counted whole: under tensor or expert parallelism a rank holds less): its steps
-    run in row chunks within the activation budget."""
+    run in row chunks within the activation budget.  `routed_rows(...)` in its
+    __init__, while vLLM builds in the model's dtype."""
 
     max_rows: int | None = None  # None: every step runs whole
-    top_k: int
-    expert_width: int
+
+    def routed_rows(self, top_k: int, expert_width: int) -> None:
+        self.top_k, self.expert_width = top_k, expert_width
+        self.activation_bytes = torch.get_default_dtype().itemsize
 
     def limit_activation(self, budget_bytes: int) -> None:
-        itemsize = torch.get_default_dtype().itemsize  # vLLM builds in the model's dtype
-        self.max_rows = rows_within(budget_bytes, 3 * self.top_k * self.expert_width * itemsize)
+        self.max_rows = rows_within(budget_bytes, 3 * self.top_k * self.expert_width * self.activation_bytes)
 
 
 def limit_activations(model: nn.Module, budget_bytes: int) -> int:
