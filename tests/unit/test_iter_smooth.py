@@ -153,12 +153,9 @@ def test_asking_is_known_on_the_host():
 
 
 def test_a_model_without_an_input_embedding_refuses_smoothing_before_taking_a_slot():
-    def missing():
-        raise ValueError("no input embedding")
-
-    soft = SoftEmbeddings(2, torch.device("cpu"), WHOLE, missing)
+    soft = SoftEmbeddings(2, torch.device("cpu"), WHOLE, None)
     soft.make_room(options(False))  # plain requests need nothing
-    with pytest.raises(ValueError, match="no input embedding"):
+    with pytest.raises(ValueError, match="needs the model's input embedding"):
         soft.make_room(options(True))
 
 

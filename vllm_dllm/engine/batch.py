@@ -27,10 +27,6 @@ from vllm_dllm.phases import is_block_causal, query_lead
 # never ends a call early (its stops are still vLLM's to find).
 STOP_SLOTS = 8
 
-def _no_embedding():
-    raise ValueError("iter_smooth needs the model's input embedding, and this model exposes none")
-
-
 class RequestBatch:
     """Request slots and their state; slots double when a request finds none free."""
 
@@ -75,7 +71,7 @@ class RequestBatch:
         self.logprobs = LogprobStore(capacity, max_model_len, max_logprobs, device)
         self.prompt_scorer = PromptScorer(capacity)
         self.elbo_scorer = ElboScorer()
-        self.smooth = SoftEmbeddings(capacity, device, lm_head.vocab, embedding_rows or _no_embedding)
+        self.smooth = SoftEmbeddings(capacity, device, lm_head.vocab, embedding_rows)
         self.sparse = SparseParams(
             sequence_slots=np.zeros(capacity, dtype=np.int64),
             keep=np.zeros(capacity, dtype=np.int64),

@@ -30,10 +30,11 @@ class SoftEmbeddings:
     from the LM head's logits chunks and added to the next forward's inputs.
 
     `embedding_rows()` returns the input embedding's rows for the logits' columns
-    (this rank's vocabulary shard under TP; more rows are cut to the columns)."""
+    (this rank's vocabulary shard under TP; more rows are cut to the columns); None:
+    the model has none, and smoothing requests are refused."""
 
     def __init__(self, capacity: int, device: torch.device, vocab: Vocab,
-                 embedding_rows: Callable[[], torch.Tensor]):
+                 embedding_rows: Callable[[], torch.Tensor] | None):
         self.device = device
         self.vocab = vocab
         self.embedding_rows = embedding_rows
@@ -57,6 +58,8 @@ class SoftEmbeddings:
         """A free lane as wide as the request's blocks, before it takes a slot
         (raises for a model without an input embedding)."""
         if getattr(options, "iter_smooth", False):
+            if self.embedding_rows is None:
+                raise ValueError("iter_smooth needs the model's input embedding, and this model exposes none")
             lanes = self.lanes if self._free_lanes else max(1, 2 * self.lanes)
             self._grow(lanes, max(self.width, 1 << max(options.block_length - 1, 1).bit_length()))
 

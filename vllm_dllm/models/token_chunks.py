@@ -60,20 +60,35 @@ def chunked_rows(x: torch.Tensor, max_rows: int | None, project: Callable[[torch
     return out
 
 
-class RoutedRows:
-    """Mixed into a routed-experts module (`top_k` experts of `expert_width` per row,
-    counted whole: under tensor or expert parallelism a rank holds less): its steps
-    run in row chunks within the activation budget.  `routed_rows(...)` in its
-    __init__, while vLLM builds in the model's dtype."""
+class ChunkedRows:
+    """Mixed into a module whose step holds `activation_width()` elements of
+    activation per row (in the dtype vLLM built it in, read by `keep_dtype()` in its
+    __init__): `limit_activation` sets the rows a chunk may hold within the step's
+    budget, and `forward` runs `chunked_rows(x, self.max_rows, ...)`."""
 
     max_rows: int | None = None  # None: every step runs whole
 
-    def routed_rows(self, top_k: int, expert_width: int) -> None:
-        self.top_k, self.expert_width = top_k, expert_width
+    def keep_dtype(self) -> None:
         self.activation_bytes = torch.get_default_dtype().itemsize
 
+    def activation_width(self) -> int:
+        raise NotImplementedError
+
     def limit_activation(self, budget_bytes: int) -> None:
-        self.max_rows = rows_within(budget_bytes, 3 * self.top_k * self.expert_width * self.activation_bytes)
+        self.max_rows = rows_within(budget_bytes, self.activation_width() * self.activation_bytes)
+
+
+class RoutedRows(ChunkedRows):
+    """Routed experts: a row holds its `top_k` experts' gate, up and activation, each
+    `expert_width` wide, counted whole (under tensor or expert parallelism a rank
+    holds less)."""
+
+    def routed_rows(self, top_k: int, expert_width: int) -> None:
+        self.top_k, self.expert_width = top_k, expert_width
+        self.keep_dtype()
+
+    def activation_width(self) -> int:
+        return 3 * self.top_k * self.expert_width
 
 
 def limit_activations(model: nn.Module, budget_bytes: int) -> int:

@@ -28,7 +28,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
 from vllm_dllm.attention.paged import DiffusionAttention
 from vllm_dllm.attention.sparse import HeadsOverRanks
 from vllm_dllm.models.rope import Rotary
-from vllm_dllm.models.token_chunks import chunked_rows, rows_within
+from vllm_dllm.models.token_chunks import ChunkedRows, chunked_rows
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class SelfAttention(nn.Module):
         return out
 
 
-class GatedMLP(nn.Module):
+class GatedMLP(ChunkedRows, nn.Module):
     def __init__(self, shape: TransformerShape, quant_config, prefix: str):
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(
@@ -123,16 +123,11 @@ class GatedMLP(nn.Module):
             prefix=f"{prefix}.down_proj",
         )
         self.act = SiluAndMul()
-        # Rows per FFN chunk (models/token_chunks.py); None: every step runs whole.
-        self.max_rows: int | None = None
-        self.activation_bytes = torch.get_default_dtype().itemsize  # vLLM builds in the model's dtype
+        self.keep_dtype()  # rows per FFN chunk: models/token_chunks.py
 
-    def limit_activation(self, budget_bytes: int) -> None:
-        """Run steps whose intermediate (gate and up, then their activation: three
-        times this rank's intermediate width per row) would exceed `budget_bytes` in
-        chunks of tokens that each fit it."""
-        width = self.down_proj.input_size_per_partition
-        self.max_rows = rows_within(budget_bytes, 3 * width * self.activation_bytes)
+    def activation_width(self) -> int:
+        """Gate and up, then their activation: three times this rank's intermediate width."""
+        return 3 * self.down_proj.input_size_per_partition
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return chunked_rows(x, self.max_rows, self._project)
