@@ -136,10 +136,8 @@ def llada2_options(gen: int) -> LLaDA2Options:
     )
 
 
-def ours_llada2(model, requests, context, timer, reps, device):
-    """An in-block LLaDA2 step: each request's last block over its cached prefix."""
-    reps = min(reps, BLOCK - 3)  # more would step past the block's last in-block step
-    engine = make_engine(model, requests, context, device, kind="llada2")
+def add_llada2(engine: StepEngine, requests: int, context: int) -> list[str]:
+    """Requests whose last block follows a prompt of context - BLOCK tokens."""
     blocks = -(-context // BLOCK_SIZE)
     ids = []
     for i in range(requests):
@@ -147,6 +145,14 @@ def ours_llada2(model, requests, context, timer, reps, device):
         engine.add(f"r{i}", prompt, llada2_options(BLOCK), seed=i,
                    block_ids=list(range(1 + i * blocks, 1 + (i + 1) * blocks)))
         ids.append(f"r{i}")
+    return ids
+
+
+def ours_llada2(model, requests, context, timer, reps, device):
+    """An in-block LLaDA2 step: each request's last block over its cached prefix."""
+    reps = min(reps, BLOCK - 3)  # more would step past the block's last in-block step
+    engine = make_engine(model, requests, context, device, kind="llada2")
+    ids = add_llada2(engine, requests, context)
     engine.step(ids)  # the prompt's blocks with the first step; every later step is the block alone
     ms = timer.median_ms(lambda: engine.step(ids), reps)
     release(model)
@@ -377,7 +383,8 @@ CALL_STEPS = 8  # the server's default max_steps_per_call
 def op_counts(device, shape: ModelShape = SMALL) -> list[dict]:
     """Ops of one Reuse step, and of an engine call of Reuse steps (as many as the
     scheduler's steps_in_call gives, up to CALL_STEPS), at 1, 4 and 16 requests (same
-    phase mix), small model."""
+    phase mix), small model; for LLaDA (dual cache) and LLaDA2.0 (one token a step
+    inside a block over its cached prefix)."""
     model = build_model(shape, torch.float32, device)
     rows = []
     for requests in (1, 4, 16):
@@ -385,16 +392,26 @@ def op_counts(device, shape: ModelShape = SMALL) -> list[dict]:
         ids = add(engine, requests, 256, 4 * BLOCK, "dual")
         engine.step(ids)
         engine.step(ids)
-        with OpCounter() as counter:
-            engine.step(ids)
         track = RequestTrack(options(4 * BLOCK, "dual"), 256 - 4 * BLOCK, blocks=0, has_cache=True, block_step=3)
         steps = track.steps_in_call(CALL_STEPS)
-        with OpCounter() as call:
-            ran = engine.step(ids, [track.call_tokens(steps)] * requests, steps=steps).steps
-        rows.append({"requests": requests, "ops_per_step": counter.total, "sync_ops_per_step": counter.syncs,
-                     "call_steps": ran, "ops_per_call": call.total, "sync_ops_per_call": call.syncs})
+        rows.append(_count_ops(engine, ids, [track.call_tokens(steps)] * requests, steps, requests, "llada"))
+        release(model)
+    for requests in (1, 4, 16):
+        engine = make_engine(model, requests, 256, device, kind="llada2")
+        ids = add_llada2(engine, requests, 256)
+        engine.step(ids)  # the prompt's blocks with the first step; every later step is the block alone
+        rows.append(_count_ops(engine, ids, None, CALL_STEPS, requests, "llada2"))
         release(model)
     return rows
+
+
+def _count_ops(engine, ids, planned, steps: int, requests: int, kind: str) -> dict:
+    with OpCounter() as counter:
+        engine.step(ids)
+    with OpCounter() as call:
+        ran = engine.step(ids, planned, steps=steps).steps
+    return {"kind": kind, "requests": requests, "ops_per_step": counter.total, "sync_ops_per_step": counter.syncs,
+            "call_steps": ran, "ops_per_call": call.total, "sync_ops_per_call": call.syncs}
 
 
 def save(result: dict, out: pathlib.Path) -> str:
@@ -405,9 +422,10 @@ def save(result: dict, out: pathlib.Path) -> str:
     lines = ["| case | requests | context | ours ms | ideal ms | ratio |", "|---|---|---|---|---|---|"]
     lines += [f"| {c['case']} | {c['requests']} | {c['context']} | {c['ours_ms']} | {c['ideal_ms']} | {c['ratio']} |"
               for c in cases]
-    lines += ["", "| requests | ops per step | sync ops per step | steps per call | ops per call (per step) "
-              "| sync ops per call |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['requests']} | {r['ops_per_step']} | {r['sync_ops_per_step']} | {r['call_steps']} "
+    lines += ["", "| rule | requests | ops per step | sync ops per step | steps per call | ops per call (per step) "
+              "| sync ops per call |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r.get('kind', 'llada')} | {r['requests']} | {r['ops_per_step']} | {r['sync_ops_per_step']} "
+              f"| {r['call_steps']} "
               f"| {r['ops_per_call']} ({r['ops_per_call'] / r['call_steps']:.0f}) | {r['sync_ops_per_call']} |"
               for r in result["op_counts"]]
     lines += ["", f"Reuse attention, one layer, sparse (retention {SPARSE_RETENTION}) vs dense (dual), "

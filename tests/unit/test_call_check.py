@@ -29,7 +29,7 @@ def test_waiting_at_masks_matches_the_final_prefix_formula():
         stop_ids = torch.full((requests, 3), -1)
         stop_ids[:, 0] = torch.randint(0, MASK, (requests,), generator=generator)
         stop_ids[::2, 1] = torch.randint(0, MASK, (requests // 2,), generator=generator)
-        check = CallCheck.gather(torch.zeros(requests, dtype=torch.long), stop_ids, output_length, width)
+        check = CallCheck.gather(stop_ids, output_length, width)
         exact = check.waiting(tokens, _first_mask_final(tokens, gen_length, output_length))
         assert torch.equal(check.waiting_at_masks(tokens, MASK).any(dim=1), exact)
         seen.update(exact.tolist())
@@ -37,7 +37,7 @@ def test_waiting_at_masks_matches_the_final_prefix_formula():
 
 
 def test_goes_on_stops_at_a_block_end_or_when_no_one_waits():
-    check = CallCheck.gather(torch.tensor([2, 0]), torch.full((2, 1), -1), torch.tensor([4, 4]), 4)
-    assert check.goes_on(torch.tensor([2, 0]), torch.tensor([False, True]))
-    assert not check.goes_on(torch.tensor([3, 0]), torch.tensor([True, True]))
-    assert not check.goes_on(torch.tensor([2, 0]), torch.tensor([False, False]))
+    check = CallCheck.gather(torch.full((2, 1), -1), torch.tensor([4, 4]), 4)
+    assert check.goes_on(torch.tensor([False, False]), torch.tensor([False, True]))
+    assert not check.goes_on(torch.tensor([True, False]), torch.tensor([True, True]))
+    assert not check.goes_on(torch.tensor([False, False]), torch.tensor([False, False]))

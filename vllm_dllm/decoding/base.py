@@ -33,6 +33,18 @@ PAD = -1
 _LOWEST_CANDIDATE = -torch.finfo(torch.float64).max
 
 
+def even_split(total: torch.Tensor, steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A block's tokens over its steps: every step total // steps, the first
+    total % steps steps one more (count_at)."""
+    return total // steps, total % steps
+
+
+def count_at(parts: tuple[torch.Tensor, torch.Tensor], step_in_block: torch.Tensor) -> torch.Tensor:
+    """The count of an even_split at each request's step in its block."""
+    share, extra = parts
+    return share + (step_in_block < extra)  # long + bool: long
+
+
 @dataclass(frozen=True)
 class SpecialIds:
     mask: int
@@ -109,6 +121,11 @@ class CandidatePlan:
 
     candidates: torch.Tensor  # bool [R, width], canvas positions needing logits
     count: torch.Tensor  # long [R], candidates to commit (<= candidates per row)
+    # long [R]: each request's steps so far in its active block, when the plan read
+    # them (the commit then need not gather them again).
+    step_in_block: torch.Tensor | None = None
+    rows: torch.Tensor | None = None  # long [R, width]: the canvas rows the plan read (canvas_rows)
+    window: torch.Tensor | None = None  # bool [R, width]: the active blocks' columns, where a rule keeps them
 
 
 @dataclass
@@ -120,6 +137,14 @@ class Denoised:
     positions: torch.Tensor
     tokens: torch.Tensor
     confidence: torch.Tensor
+
+
+@dataclass
+class StepEnd:
+    """What a commit leaves for the engine's check before a call's next step."""
+
+    rows: torch.Tensor  # long [R, width]: the requests' canvas rows after the commit
+    block_ended: torch.Tensor  # bool [R]: the commit ended the request's active block
 
 
 ReduceCandidates = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -137,6 +162,7 @@ class BatchedRule(ABC):
         # Whether a request of the batch may rewrite committed tokens of its active
         # block (token editing): its final prefix then ends before its first mask.
         self.rewrites_committed = False
+        self.last_step: StepEnd | None = None  # the last commit's (commit)
 
     def prepare(self, slots_host) -> None:
         """Batch-level facts for this step, from host (numpy) copies of the
@@ -202,6 +228,13 @@ class BatchedRule(ABC):
         value = self._call_values[name] = compute()
         return value
 
+    def canvas_rows(self, slots: torch.Tensor, width: int) -> torch.Tensor:
+        """[R, width]: the requests' canvas rows as they are now (a call's later step:
+        the rows its last commit wrote, with no gather).  Read-only."""
+        if self._later and self.last_step is not None:
+            return self.last_step.rows
+        return self.state.canvas[slots, :width]
+
     def commit_candidates(
         self,
         slots: torch.Tensor,
@@ -214,8 +247,11 @@ class BatchedRule(ABC):
         """`commit` from per-candidate results: candidate i is (request rows[i],
         canvas position positions[i]), as `plan.candidates.nonzero()` lists them."""
         width = plan.candidates.shape[1]
-        grid_tokens = self.state.canvas[slots, :width]  # a copy: `slots` indexes
-        grid_tokens[rows, positions] = tokens
+        if plan.rows is None:
+            grid_tokens = self.state.canvas[slots, :width]  # a copy: `slots` indexes
+            grid_tokens[rows, positions] = tokens
+        else:
+            grid_tokens = plan.rows.index_put((rows, positions), tokens)
         grid_conf = torch.full(grid_tokens.shape, float("-inf"), dtype=confidence.dtype, device=confidence.device)
         grid_conf[rows, positions] = confidence
         self.commit(slots, plan, grid_tokens, grid_conf)
@@ -236,12 +272,16 @@ class BatchedRule(ABC):
         columns = self.per_call("columns", lambda: torch.arange(width, device=keys.device).expand_as(order))
         rank = torch.empty_like(order).scatter_(1, order, columns)
         chosen = rank < self.commit_count(slots, plan, ordered)[:, None]
-        state.canvas[slots, :width] = torch.where(chosen, tokens, state.canvas[slots, :width])
+        rows = torch.where(chosen, tokens, state.canvas[slots, :width] if plan.rows is None else plan.rows)
+        state.canvas[slots, :width] = rows
         # index_add_: a step's slots are distinct, and integers add exactly.
         state.step.index_add_(0, slots, self.per_call("ones", lambda: torch.ones_like(slots)))
-        done = self.block_done(slots, plan)
+        step_in_block = state.block_step[slots] if plan.step_in_block is None else plan.step_in_block
+        next_step = step_in_block + 1
+        done = self.block_done(slots, plan, next_step)
         state.block.index_add_(0, slots, done.long())
-        state.block_step[slots] = torch.where(done, 0, state.block_step[slots] + 1)
+        state.block_step[slots] = torch.where(done, 0, next_step)
+        self.last_step = StepEnd(rows, done)
 
     def restart_block(self, slots: torch.Tensor, streamed: torch.Tensor) -> None:
         """The requests' active blocks restart from their first step (structured
@@ -264,8 +304,9 @@ class BatchedRule(ABC):
         decides from the confidences."""
         return plan.count
 
-    def block_done(self, slots: torch.Tensor, plan: CandidatePlan) -> torch.Tensor:
+    def block_done(self, slots: torch.Tensor, plan: CandidatePlan, next_step: torch.Tensor) -> torch.Tensor:
         """Whether each request's active block ended with this step (after the
-        commit): under the fixed schedule, after its steps per block."""
+        commit), `next_step` being its steps in the block with this one: under the
+        fixed schedule, after its steps per block."""
         state = self.state
-        return state.block_step[slots] + 1 >= self.per_call("steps_per_block", lambda: state.steps_per_block[slots])
+        return next_step >= self.per_call("steps_per_block", lambda: state.steps_per_block[slots])

@@ -127,19 +127,20 @@ class DreamRule(parallel_params.ParallelDecoding, BatchedRule):
         start = state.block[slots] * length
         columns = torch.arange(width, device=slots.device)
         in_block = (columns >= start[:, None]) & (columns < (start + length)[:, None])
-        masked = state.masked(slots, width) & in_block
+        rows = self.canvas_rows(slots, width)
+        masked = (rows == self.ids.mask) & in_block
         last = step >= state.steps_per_block[slots] - 1
         fraction = self.fractions[slots].gather(1, step.clamp(max=self.fractions.shape[1] - 1)[:, None]).squeeze(1)
         num_masked = masked.sum(dim=1)
         scheduled = torch.where(last, num_masked, (num_masked.float() / 1 * fraction).long())
         if not self.flips:
-            return CandidatePlan(candidates=masked, count=scheduled)
+            return CandidatePlan(candidates=masked, count=scheduled, step_in_block=step, rows=rows)
         # origin: every masked position flips independently; only flipped ones commit.
         flips = self._position_draws(slots, width, sampling.FLIP, torch.float32) < fraction[:, None]
         origin = self.alg[slots] == ORIGIN
         candidates = masked & (~origin | last)[:, None] | masked & flips & origin[:, None]
         count = torch.where(origin, candidates.sum(dim=1), scheduled)
-        return CandidatePlan(candidates=candidates, count=count)
+        return CandidatePlan(candidates=candidates, count=count, step_in_block=step, rows=rows)
 
     def reduce(self, logits, slots, positions):
         state = self.state

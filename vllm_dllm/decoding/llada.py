@@ -13,23 +13,13 @@ import numpy as np
 import torch
 
 from vllm_dllm.decoding import parallel_params, sampling
-from vllm_dllm.decoding.base import BatchedRule, DecodeState, CandidatePlan
+from vllm_dllm.decoding.base import BatchedRule, DecodeState, CandidatePlan, count_at, even_split
 from vllm_dllm.options import LLADA, LLaDAOptions
-
-
-def transfer_parts(num_masked: torch.Tensor, steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A block's schedule: every step commits m // steps, the first m % steps one more."""
-    return num_masked // steps, num_masked % steps
-
-
-def count_at(parts: tuple[torch.Tensor, torch.Tensor], step_in_block: torch.Tensor) -> torch.Tensor:
-    share, extra = parts
-    return share + (step_in_block < extra).long()
 
 
 def transfer_count(num_masked: torch.Tensor, steps: torch.Tensor, step_in_block: torch.Tensor) -> torch.Tensor:
     """Tokens to commit at a step of a block: m // steps, the first m % steps steps get +1."""
-    return count_at(transfer_parts(num_masked, steps), step_in_block)
+    return count_at(even_split(num_masked, steps), step_in_block)
 
 
 class LLaDARule(parallel_params.ParallelDecoding, BatchedRule):
@@ -75,7 +65,8 @@ class LLaDARule(parallel_params.ParallelDecoding, BatchedRule):
         spb = self.per_call("steps_per_block", lambda: self.state.steps_per_block[slots])
         in_block = self.per_call("in_block", lambda: self._block_window(slots, width))
         step_in_block = self.state.block_step[slots]
-        candidates = self.state.masked(slots, width) & in_block
+        rows = self.canvas_rows(slots, width)
+        candidates = (rows == self.ids.mask) & in_block
         masked_now = candidates.sum(dim=1)
 
         def at_block_start():  # a later step of a call is never a block's first
@@ -84,9 +75,9 @@ class LLaDARule(parallel_params.ParallelDecoding, BatchedRule):
             return block_masked
 
         block_masked = self.per_call("block_masked", at_block_start)
-        parts = self.per_call("transfer_parts", lambda: transfer_parts(block_masked, spb))
+        parts = self.per_call("transfer_parts", lambda: even_split(block_masked, spb))
         count = torch.minimum(count_at(parts, step_in_block), masked_now)
-        return CandidatePlan(candidates=candidates, count=count)
+        return CandidatePlan(candidates=candidates, count=count, step_in_block=step_in_block, rows=rows)
 
     def _block_window(self, slots: torch.Tensor, width: int) -> torch.Tensor:
         """bool [R, width]: the columns of each request's active block."""

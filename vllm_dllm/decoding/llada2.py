@@ -59,16 +59,11 @@ import numpy as np
 import torch
 
 from vllm_dllm.decoding import parallel, parallel_params, sampling
-from vllm_dllm.decoding.base import BatchedRule, DecodeState, CandidatePlan
+from vllm_dllm.decoding.base import BatchedRule, DecodeState, CandidatePlan, StepEnd, count_at, even_split
 from vllm_dllm.decoding.vocab import WHOLE, Vocab
 from vllm_dllm.options import LLADA2, LLaDA2Options
 
 _LOWEST = float("-inf")
-
-
-def quota(block_length: torch.Tensor, steps: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
-    """Tokens the 2.0 schedule asks for at `step` of a block."""
-    return block_length // steps + (step < block_length % steps).long()
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, vocab: Vocab = WHOLE,
@@ -163,21 +158,25 @@ class LLaDA2Rule(BatchedRule):
 
     def plan(self, slots: torch.Tensor, width: int) -> CandidatePlan:
         in_block, columns = self.per_call("window", lambda: self._block_window(slots, width))
-        masked = self.state.masked(slots, width) & in_block
-        editing = self.per_call("editing", lambda: self.editing[slots])
-        # Editing reads every generated position of the block not yet streamed; 2.0
-        # only its masks.
-        editable = in_block & (columns >= self.streamed[slots, None])
-        candidates = torch.where(editing[:, None], editable, masked)
-        has_masks = masked.any(dim=1)
-        self.started_masked[slots] = has_masks
-        self.post_steps[slots] += (~has_masks & editing).long()
-        length, spb, per_step = self.per_call("schedule", lambda: (
-            self.block_length[slots], self.state.steps_per_block[slots], self.num_to_transfer[slots]))
-        schedule = quota(length, spb, self.state.block_step[slots])
-        fixed = torch.where(editing, per_step, schedule)
-        count = torch.minimum(fixed, masked.sum(dim=1))
-        return CandidatePlan(candidates=candidates, count=count)
+        rows = self.canvas_rows(slots, width)
+        masked = (rows == self.ids.mask) & in_block
+        # The 2.0 quota: the block's length split evenly over its steps.
+        parts = self.per_call("quota", lambda: even_split(self.block_length[slots], self.state.steps_per_block[slots]))
+        step_in_block = self.state.block_step[slots]
+        count, candidates = count_at(parts, step_in_block), masked
+        if self.rewrites_committed:  # a request of the batch edits (2.1); known on the host
+            editing = self.per_call("editing", lambda: self.editing[slots])
+            # Editing reads every generated position of the block not yet streamed; 2.0
+            # only its masks.
+            editable = in_block & (columns >= self.streamed[slots, None])
+            candidates = torch.where(editing[:, None], editable, masked)
+            has_masks = masked.any(dim=1)
+            self.started_masked[slots] = has_masks
+            self.post_steps[slots] += (~has_masks & editing).long()
+            count = torch.where(editing, self.per_call("per_step", lambda: self.num_to_transfer[slots]), count)
+        count = torch.minimum(count, masked.sum(dim=1))
+        return CandidatePlan(candidates=candidates, count=count, step_in_block=step_in_block, rows=rows,
+                             window=in_block)
 
     def reduce(self, logits, slots, positions):
         state = self.state
@@ -218,47 +217,63 @@ class LLaDA2Rule(BatchedRule):
     def commit(self, slots: torch.Tensor, plan: CandidatePlan, tokens: torch.Tensor, confidence: torch.Tensor) -> None:
         state = self.state
         width = plan.candidates.shape[1]
-        current = state.canvas[slots, :width]
-        masked = plan.candidates & (current == state.ids.mask)
+        current = state.canvas[slots, :width] if plan.rows is None else plan.rows
+        masked = plan.candidates & (current == state.ids.mask) if self.rewrites_committed else plan.candidates
         # Masks, officially: all above the threshold when they reach the quota, else
         # the quota's most confident (ties toward the lower position).
-        threshold = self.parallel.ramped(slots, self.threshold[slots])  # IterSmooth's, falling from 1
+        threshold = self.parallel.ramped(slots, self.per_call("threshold", lambda: self.threshold[slots]))
         high = (masked & (confidence > threshold[:, None])).sum(dim=1)
-        official = torch.where(high >= plan.count, high, plan.count)
-        # A parallel rule ranks the masks (hierarchy: its selection first) and counts
-        # them instead, never below the quota: the masks' plan counts what `fixed`
-        # rows take and the quota for the others (parallel.commit_counts' floor).
-        fixed = self.parallel.rule[slots] == parallel.FIXED
-        masks = CandidatePlan(candidates=masked, count=torch.where(fixed, official, plan.count))
+        official = torch.maximum(high, plan.count)
+        if self.parallel.active:
+            # A parallel rule ranks the masks (hierarchy: its selection first) and
+            # counts them instead, never below the quota: the masks' plan counts what
+            # `fixed` rows take and the quota for the others (parallel.commit_counts'
+            # floor).
+            fixed = self.per_call("fixed", lambda: self.parallel.rule[slots] == parallel.FIXED)
+            official = torch.where(fixed, official, plan.count)
+        masks = CandidatePlan(candidates=masked, count=official)
         keys = self.parallel.ranking_keys(slots, masks, confidence).double()
-        keys = torch.where(masked & (keys == _LOWEST), -torch.finfo(torch.float64).max, keys)
-        keys = torch.where(masked, keys, _LOWEST)
+        keys = torch.where(masked, keys.clamp(min=-torch.finfo(torch.float64).max), _LOWEST)
         ordered, order = torch.sort(keys, dim=1, descending=True, stable=True)
-        rank = torch.empty_like(order).scatter_(1, order, torch.arange(width, device=keys.device).expand_as(order))
+        columns = self.per_call("columns", lambda: torch.arange(width, device=keys.device).expand_as(order))
+        rank = torch.empty_like(order).scatter_(1, order, columns)
         take = self.parallel.counts(slots, masks, ordered)
-        commit = masked & (rank < take[:, None])
-        edit = (plan.candidates & ~masked & self.editing[slots, None]
-                & (confidence > self.editing_threshold[slots, None]) & (tokens != current))
-        state.canvas[slots, :width] = torch.where(commit | edit, tokens, current)
-        self.edited[slots] = edit.sum(dim=1)
-        state.step[slots] += 1
-        done = self._block_done(slots, plan, edit.any(dim=1))
-        state.block[slots] += done.long()
-        state.block_step[slots] = torch.where(done, 0, state.block_step[slots] + 1)
-        self.post_steps[slots] = torch.where(done, 0, self.post_steps[slots])
+        chosen = masked & (rank < take[:, None])
+        edit = None
+        if self.rewrites_committed:
+            editing, editing_threshold = self.per_call("editing_rows", lambda: (
+                self.editing[slots, None], self.editing_threshold[slots, None]))
+            edit = (plan.candidates & ~masked & editing & (confidence > editing_threshold) & (tokens != current))
+            chosen = chosen | edit
+            self.edited[slots] = edit.sum(dim=1)
+        rows = torch.where(chosen, tokens, current)
+        state.canvas[slots, :width] = rows
+        # index_add_: a step's slots are distinct, and integers add exactly.
+        state.step.index_add_(0, slots, self.per_call("ones", lambda: torch.ones_like(slots)))
+        next_step = (state.block_step[slots] if plan.step_in_block is None else plan.step_in_block) + 1
+        done = self._block_done(slots, plan, rows, next_step, edit)
+        state.block.index_add_(0, slots, done.long())
+        state.block_step[slots] = torch.where(done, 0, next_step)
+        if self.rewrites_committed:
+            self.post_steps[slots] = torch.where(done, 0, self.post_steps[slots])
+        self.last_step = StepEnd(rows, done)
 
-    def _block_done(self, slots: torch.Tensor, plan: CandidatePlan, edited: torch.Tensor) -> torch.Tensor:
+    def _block_done(self, slots: torch.Tensor, plan: CandidatePlan, rows: torch.Tensor, next_step: torch.Tensor,
+                    edit: torch.Tensor | None) -> torch.Tensor:
+        """Whether each request's block ended with this commit (`rows`: its canvas
+        rows after it; `next_step`: its steps in the block with this one; `edit`: the
+        positions it edited, None where no request of the batch edits)."""
         state = self.state
-        width = plan.candidates.shape[1]
-        start, end = self.block_range(slots)
-        columns = torch.arange(width, device=slots.device)
-        in_block = (columns >= start[:, None]) & (columns < end[:, None])
-        masks_left = (state.masked(slots, width) & in_block).any(dim=1)
+        # The plan's window (it also stops at the canvas's end, where no mask is).
+        window = self._block_window(slots, rows.shape[1])[0] if plan.window is None else plan.window
+        masks_left = ((rows == state.ids.mask) & window).any(dim=1)
         # 2.0: no masks left, or the schedule's steps are spent.
-        plain = ~masks_left | (state.block_step[slots] + 1 >= state.steps_per_block[slots])
+        plain = ~masks_left | (next_step >= self.per_call("steps_per_block", lambda: state.steps_per_block[slots]))
+        if edit is None:
+            return plain
         # 2.1: a step begun without masks edited nothing; or the next step would be one
         # post step too many (checked before its forward by the reference).
-        quiet = ~self.started_masked[slots] & ~edited
+        quiet = ~self.started_masked[slots] & ~edit.any(dim=1)
         exhausted = ~masks_left & (self.post_steps[slots] + 1 > self.max_post_steps[slots])
         return torch.where(self.editing[slots], quiet | exhausted, plain)
 

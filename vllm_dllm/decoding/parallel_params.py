@@ -207,8 +207,8 @@ class ParallelDecoding:
         super().restart_block(slots, streamed)
         self.parallel.forget(slots, streamed)
 
-    def block_done(self, slots, plan):
+    def block_done(self, slots, plan, next_step):
         if not self.parallel.active:  # only the fixed schedule in this step
-            return super().block_done(slots, plan)
+            return super().block_done(slots, plan, next_step)
         masked = self.state.masked(slots, plan.candidates.shape[1])
-        return super().block_done(slots, plan) | self.parallel.block_emptied(slots, plan, masked)
+        return super().block_done(slots, plan, next_step) | self.parallel.block_emptied(slots, plan, masked)

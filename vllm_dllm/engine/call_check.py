@@ -18,17 +18,15 @@ import torch
 class CallCheck:
     """What the check reads that stays fixed through a call, gathered once."""
 
-    start_block: torch.Tensor  # each request's block when the call began
     stop_ids: torch.Tensor  # [R, stop slots], -1 where unused
     output_length: torch.Tensor  # [R]
     columns: torch.Tensor  # arange(width)
     within: torch.Tensor  # bool [R, width]: the columns before each request's output length
 
     @classmethod
-    def gather(cls, start_block: torch.Tensor, stop_ids: torch.Tensor, output_length: torch.Tensor,
-               width: int) -> "CallCheck":
+    def gather(cls, stop_ids: torch.Tensor, output_length: torch.Tensor, width: int) -> "CallCheck":
         columns = torch.arange(width, device=output_length.device)
-        return cls(start_block, stop_ids, output_length, columns, columns < output_length[:, None])
+        return cls(stop_ids, output_length, columns, columns < output_length[:, None])
 
     def stops(self, tokens: torch.Tensor) -> torch.Tensor:
         """bool [R, width]: where each request's canvas holds one of its stop tokens."""
@@ -46,6 +44,8 @@ class CallCheck:
         finished = (self.stops(tokens) & (self.columns < final[:, None])).any(dim=1) | (final >= self.output_length)
         return ~finished
 
-    def goes_on(self, block: torch.Tensor, waiting: torch.Tensor) -> bool:
-        """No request's block has ended and one still waits (the one sync)."""
-        return bool(((block == self.start_block).all() & waiting.any()).item())
+    def goes_on(self, block_ended: torch.Tensor, waiting: torch.Tensor) -> bool:
+        """The last step ended no request's block and one still waits (the one sync).
+        A call stops at the first step that ends a block, so the last step's ends
+        are every end of the call."""
+        return bool((waiting.any() & ~block_ended.any()).item())

@@ -230,8 +230,7 @@ class StepEngine(RequestBatch):
         """Steps 2..`steps` of a call over one layout, while `_goes_on`; `reuse`: the
         first step's (inputs, row bases) when its layout is `later`.  Appends each
         step's tally to `tally`; returns the steps run."""
-        check = CallCheck.gather(to_device(self.host.block[slots_host], self.device), self.stop_ids[slots],
-                                 self.decode.output_length[slots], width)
+        check = CallCheck.gather(self.stop_ids[slots], self.decode.output_length[slots], width)
         inputs, bases = reuse or (None, None)
         ran = 1
         for _ in range(1, steps):
@@ -249,13 +248,14 @@ class StepEngine(RequestBatch):
         return ran
 
     def _goes_on(self, slots, width: int, check: CallCheck) -> bool:
-        """Whether a call runs another step (call_check.py; one sync)."""
-        tokens = self.decode.canvas[slots, :width]
+        """Whether a call runs another step (call_check.py; one sync), from what the
+        last commit wrote: the canvas rows and which blocks it ended."""
+        last = self.rule.last_step
         if self.rule.rewrites_committed:
-            waiting = check.waiting(tokens, self.rule.num_final(slots, width))
+            waiting = check.waiting(last.rows, self.rule.num_final(slots, width))
         else:
-            waiting = check.waiting_at_masks(tokens, self.ids.mask)
-        return check.goes_on(self.decode.block[slots], waiting)
+            waiting = check.waiting_at_masks(last.rows, self.ids.mask)
+        return check.goes_on(last.block_ended, waiting)
 
     def _inputs(self, batch: BatchLayout):
         return build_step_inputs(
