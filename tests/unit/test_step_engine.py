@@ -34,13 +34,13 @@ def llada(gen=32, steps=32, block=8, cache="dual", cfg=0.0, T=0.0, delay=0) -> L
     )
 
 
-def make_engine(capacity=16, max_len=128, backend=None, kind="llada"):
+def make_engine(capacity=16, max_len=128, backend=None, kind="llada", **engine_options):
     model = build_model(SHAPE, torch.float32, "cpu", seed=0)
     model.allocate_kv_pool(num_blocks=512, block_size=BLOCK_SIZE,
                            dtype=torch.float32, device="cpu")
     return StepEngine(
         model, kind=kind, ids=IDS, capacity=capacity, max_model_len=max_len, block_size=BLOCK_SIZE,
-        max_num_logits=1024, backend=backend or TorchAttention(), device=torch.device("cpu"),
+        max_num_logits=1024, backend=backend or TorchAttention(), device=torch.device("cpu"), **engine_options,
     )
 
 

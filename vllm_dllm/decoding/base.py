@@ -163,6 +163,13 @@ class BatchedRule(ABC):
         # block (token editing): its final prefix then ends before its first mask.
         self.rewrites_committed = False
         self.last_step: StepEnd | None = None  # the last commit's (commit)
+        # Each slot's block length (admit_block_length), with a host copy.
+        self.block_length = torch.ones(state.capacity, dtype=torch.long, device=state.device)
+        self.block_length_host = np.ones(state.capacity, dtype=np.int64)
+
+    def admit_block_length(self, slot: int, length: int) -> None:
+        self.block_length[slot] = length
+        self.block_length_host[slot] = length
 
     def prepare(self, slots_host) -> None:
         """Batch-level facts for this step, from host (numpy) copies of the
@@ -197,26 +204,69 @@ class BatchedRule(ABC):
         return confidence
 
     def denoise(
-        self, slots_host, slots: torch.Tensor, width: int, reduce_candidates: ReduceCandidates, prepare: bool = True
+        self, slots_host, slots: torch.Tensor, width: int, reduce_candidates: ReduceCandidates, prepare: bool = True,
+        window: int = 0,
     ) -> Denoised:
         """One denoising step of the requests in `slots` (`slots_host`: the same on
         the host): plan, `reduce_candidates(rows, positions) -> (tokens, confidence)`
-        for the candidates as `plan.candidates.nonzero()` lists them (the step's one
-        sync: their count sizes the LM-head work), commit.  `prepare` False: the
-        batch-level facts of the last step still hold (the same requests, no
-        admission since)."""
+        for the candidates as `plan.candidates.nonzero()` lists them (their count,
+        which sizes the LM-head work, is the step's sync), commit.  `prepare` False:
+        the batch-level facts of the last step still hold (the same requests, no
+        admission since).
+
+        `window` > 0, where the rule's reduce reads nothing but its rows
+        (`pure_reduce`) and the windows take at most that many rows: the rows are
+        instead every column of each request's candidate window, a shape the host
+        knows (window_rows), so the step needs no sync; rows that are not
+        candidates get confidence -inf and are never committed.  Their hidden rows
+        may lie outside the request's queries: the caller keeps their indices in
+        range."""
         if prepare:
             self.prepare(slots_host)
             self._call_values.clear()
         self._later = not prepare
         try:
             plan = self.plan(slots, width)
-            rows, positions = plan.candidates.nonzero(as_tuple=True)
-            tokens, confidence = reduce_candidates(rows, positions)
+            if window and self.pure_reduce() and len(slots_host) * self.window_length(slots_host) <= window:
+                rows, positions = self.per_call("window_rows", lambda: self.window_rows(slots_host, slots, width))
+                tokens, confidence = reduce_candidates(rows, positions)
+                confidence = torch.where(plan.candidates[rows, positions], confidence, float("-inf"))
+            else:
+                rows, positions = plan.candidates.nonzero(as_tuple=True)
+                tokens, confidence = reduce_candidates(rows, positions)
             self.commit_candidates(slots, plan, rows, positions, tokens, confidence)
         finally:
             self._later = False
         return Denoised(plan, rows, positions, tokens, confidence)
+
+    def pure_reduce(self) -> bool:
+        """Whether `reduce` this step reads only its rows' logits and parameters (no
+        per-position state it also writes), so rows that are not candidates may
+        pass through it."""
+        return True
+
+    def candidate_window(self, slots: torch.Tensor) -> torch.Tensor:
+        """Each request's first canvas column that can hold a candidate this step:
+        every candidate lies within `window_length` columns from it.  By default the
+        active block's, blocks tiling the canvas from its first column."""
+        return self.state.block[slots] * self.block_length[slots]
+
+    def window_length(self, slots_host) -> int:
+        """A bound, known on the host, on the columns of every request's candidate
+        window (candidate_window): its block length."""
+        return int(self.block_length_host[np.asarray(slots_host)].max())
+
+    def window_rows(self, slots_host, slots: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(request row, canvas position) of every column of each request's candidate
+        window, L a request (window_length, at most `width`): column j of request r
+        is its start + j, or where that passes the canvas, width - 1 - j, a column
+        before the window; so no pair repeats."""
+        length = min(self.window_length(slots_host), width)
+        columns = torch.arange(length, device=slots.device)
+        positions = self.candidate_window(slots)[:, None] + columns
+        positions = torch.where(positions < width, positions, width - 1 - columns)
+        rows = torch.arange(len(slots), device=slots.device)[:, None].expand_as(positions)
+        return rows.reshape(-1), positions.reshape(-1)
 
     def per_call(self, name: str, compute: Callable[[], object]):
         """`compute()` at a call's first step (and whenever a rule is driven step by

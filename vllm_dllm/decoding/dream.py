@@ -63,7 +63,6 @@ class DreamRule(parallel_params.ParallelDecoding, BatchedRule):
         self.top_p = torch.ones(cap, dtype=torch.float32, device=device)  # 1: off
         self.top_k = torch.zeros(cap, dtype=torch.long, device=device)  # 0: off
         self.fractions = torch.zeros(cap, 1, dtype=torch.float32, device=device)  # per step of a block
-        self.block_length = torch.ones(cap, dtype=torch.long, device=device)
         self.filtered_host = np.zeros(cap, dtype=bool)
         self.top_k_host = np.zeros(cap, dtype=np.int64)
         self.top_p_host = np.ones(cap, dtype=np.float32)
@@ -96,7 +95,7 @@ class DreamRule(parallel_params.ParallelDecoding, BatchedRule):
             grown[:, : self.fractions.shape[1]] = self.fractions
             self.fractions = grown
         self.fractions[slot, :steps] = unmask_fractions(steps, options.eps).to(self.fractions.device)
-        self.block_length[slot] = options.gen_length // options.num_blocks
+        self.admit_block_length(slot, options.gen_length // options.num_blocks)
 
     def prepare(self, slots_host) -> None:
         super().prepare(slots_host)

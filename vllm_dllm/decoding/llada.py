@@ -30,7 +30,6 @@ class LLaDARule(parallel_params.ParallelDecoding, BatchedRule):
         def zeros(dtype):
             return torch.zeros(cap, dtype=dtype, device=device)
 
-        self.block_length = torch.ones(cap, dtype=torch.long, device=device)
         self.block_masked = zeros(torch.long)  # masked positions of the block at its start
         self.random_remasking = zeros(torch.bool)
         # Host copy: a step without `random` remasking skips its draws, no device sync.
@@ -45,7 +44,7 @@ class LLaDARule(parallel_params.ParallelDecoding, BatchedRule):
                                                 steps=lambda: state.step)
 
     def admit(self, slot: int, options: LLaDAOptions) -> None:
-        self.block_length[slot] = options.block_length
+        self.admit_block_length(slot, options.block_length)
         self.block_masked[slot] = 0
         self.random_remasking[slot] = options.remasking == "random"
         self.random_remasking_host[slot] = options.remasking == "random"

@@ -92,7 +92,6 @@ class LLaDA2Rule(BatchedRule):
         def zeros(dtype):
             return torch.zeros(cap, dtype=dtype, device=device)
 
-        self.block_length = torch.ones(cap, dtype=torch.long, device=device)
         self.lead = zeros(torch.long)
         self.threshold = zeros(torch.float32)
         self.editing = zeros(torch.bool)
@@ -117,7 +116,7 @@ class LLaDA2Rule(BatchedRule):
         return (self, self.parallel)
 
     def admit(self, slot: int, options: LLaDA2Options) -> None:
-        self.block_length[slot] = options.block_length
+        self.admit_block_length(slot, options.block_length)
         self.lead[slot] = options.lead
         self.threshold[slot] = options.threshold
         self.editing[slot] = options.editing_threshold is not None
@@ -148,6 +147,12 @@ class LLaDA2Rule(BatchedRule):
         length = self.block_length[slots]
         start = self.state.block[slots] * length - self.lead[slots]
         return start.clamp(min=0), start + length
+
+    def candidate_window(self, slots: torch.Tensor) -> torch.Tensor:
+        return self.block_range(slots)[0]
+
+    def pure_reduce(self) -> bool:
+        return not self.parallel.credits  # credit is kept per position, updated as rows pass
 
     def _block_window(self, slots: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """bool [R, width]: each request's active block within its canvas; and the columns."""

@@ -203,6 +203,9 @@ class ParallelDecoding:
     def commit_count(self, slots, plan, ordered_keys):
         return self.parallel.counts(slots, plan, ordered_keys)
 
+    def pure_reduce(self) -> bool:
+        return not self.parallel.credits  # credit is kept per position, updated as rows pass
+
     def restart_block(self, slots, streamed):
         super().restart_block(slots, streamed)
         self.parallel.forget(slots, streamed)

@@ -44,6 +44,10 @@ def _no_context(num_tokens: int) -> contextlib.AbstractContextManager:
 
 
 _CANVAS = 5  # the report's first canvas column (after final, candidates, block, block step, edits)
+# The most LM-head rows a step runs over whole candidate windows (window_candidates):
+# on current GPUs an LM head of a few hundred rows costs about the read of its
+# weight, so up to there the rows outside the candidates are nearly free.
+WINDOW_ROWS = 256
 
 
 def _embedding_rows(model):
@@ -64,26 +68,11 @@ class StepEngine(RequestBatch):
     j (LLaDA).
     """
 
-    def __init__(
-        self,
-        model,
-        *,
-        kind: str,
-        ids: SpecialIds,
-        capacity: int,
-        max_model_len: int,
-        block_size: int,
-        max_num_logits: int,
-        backend,
-        device: torch.device,
-        cuda_graphs: bool = False,
-        max_graph_seqs: int = 64,
-        graph_capture=None,
-        model_context: ModelContext | None = None,
-        prefill_chunk: int = 0,
-        max_logprobs: int = 20,
-        lm_head: LMHead | None = None,
-    ):
+    def __init__(self, model, *, kind: str, ids: SpecialIds, capacity: int, max_model_len: int, block_size: int,
+                 max_num_logits: int, backend, device: torch.device, cuda_graphs: bool = False,
+                 max_graph_seqs: int = 64, graph_capture=None, model_context: ModelContext | None = None,
+                 prefill_chunk: int = 0, max_logprobs: int = 20, lm_head: LMHead | None = None,
+                 window_candidates: bool | None = None):
         """`cuda_graphs`: replay captured forwards for Reuse steps (engine/graphs.py)
         where the device and backend allow it; `graph_capture` replaces the plain
         CUDA capture: a capture inside vLLM's graph_capture under tensor parallelism,
@@ -94,7 +83,11 @@ class StepEngine(RequestBatch):
         the whole prefix in one step.  `max_logprobs`: the most top logprobs a
         request may ask for per token (vLLM's --max-logprobs).  `lm_head`: logits
         rows of a vocabulary shard and its `VocabShard` (tensor parallelism); by
-        default the model's whole-vocabulary `compute_logits`."""
+        default the model's whole-vocabulary `compute_logits`.  `window_candidates`:
+        a step's LM head runs over every column of each request's candidate window
+        rather than its candidates alone, so no sync waits for their count (the
+        rule's `denoise`); by default on CUDA, where the extra rows cost less than
+        the host's wait."""
         super().__init__(kind=kind, ids=ids, capacity=capacity, max_model_len=max_model_len, block_size=block_size,
                          device=device, lm_head=lm_head or LMHead(model.compute_logits),
                          prefill_chunk=prefill_chunk, max_logprobs=max_logprobs,
@@ -102,6 +95,7 @@ class StepEngine(RequestBatch):
         self.model = model
         self.model_context = model_context or _no_context
         self.max_num_logits = max_num_logits
+        self.window_candidates = device.type == "cuda" if window_candidates is None else window_candidates
         self.backend = backend
         self.logits_shift = bool(getattr(model, "logits_shift", False))
         self.graphs = None
@@ -305,10 +299,14 @@ class StepEngine(RequestBatch):
         before = self.decode.canvas[slots, :width].clone() if collector is not None else None
         if self._call_smooths:
             self.smooth.clear(slots)  # the forward read the last step's; this step records its own
+        # Rows over each request's whole candidate window, a shape known on the host,
+        # where nothing records per-row state on the way: no sync before the LM head.
+        windows = self.window_candidates and collector is None and not self._call_smooths and self._masks is None
+        window = WINDOW_ROWS // (2 if has_twins else 1) if windows else 0
         done = self.rule.denoise(
             slots_host, slots, width,
-            lambda rows, positions: self._reduce(hidden, bases, has_twins, slots, rows, positions, collector),
-            prepare=first,
+            lambda rows, positions: self._reduce(hidden, bases, has_twins, slots, rows, positions, collector, window),
+            prepare=first, window=window,
         )
         if collector is not None:
             # Every position whose token this step wrote (a commit or an edit) keeps
@@ -361,21 +359,24 @@ class StepEngine(RequestBatch):
         first = self.prompt_len[slots] - int(self.logits_shift) - inputs.query_start[seqs[0]]
         return inputs.query_start_loc[seqs] + first
 
-    def _reduce(self, hidden, bases, has_twins: bool, slots, rows, positions, logprobs=None):
+    def _reduce(self, hidden, bases, has_twins: bool, slots, rows, positions, logprobs=None, window=False):
         """(token, confidence) of each candidate: its hidden row (`bases`,
         _row_bases; the twin's row too under CFG) through the LM head in chunks,
-        reduced by the rule."""
+        reduced by the rule.  `window`: the rows are whole candidate windows, whose
+        columns outside a request's queries read any row (their results drop)."""
         cand_slots = slots[rows]
-        bases = bases[:, rows]
+        bases = bases[:, rows] + positions
+        if window:
+            bases = bases.clamp(0, len(hidden) - 1)
         uncond_rows = cfg_scale = grammar = None
         if self._masks is not None:
             grammar = (self._masks.bitmask, self._masks.rows_for(cand_slots, positions))
         if has_twins:
-            uncond_rows = bases[1] + positions
+            uncond_rows = bases[1]
             cfg_scale = self.decode.cfg_scale[cand_slots]
         return chunked_reduce(
             hidden,
-            bases[0] + positions,
+            bases[0],
             cand_slots,
             positions,
             self.lm_head.project,
