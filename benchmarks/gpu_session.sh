@@ -8,7 +8,8 @@
 #                                          #  kernels compiled, against their torch references,
 #                                          #  the start-up self-check (worker/self_check.py)
 #                                          #  and the vocabulary-parallel rules on CUDA
-#   bash benchmarks/gpu_session.sh bench   # the LLaDA-8B-shaped step_bench (bf16), ~2 min
+#   bash benchmarks/gpu_session.sh bench   # the LLaDA-8B-shaped step_bench (bf16), with candidate
+#                                          #  windows and with listed candidates, ~4 min
 #   bash benchmarks/gpu_session.sh profile # where the step's time goes (profile_step.py) and
 #                                          #  the Triton KV-tile sweep (triton_tile_sweep.py), ~3 min
 #
@@ -46,6 +47,10 @@ check)
     ;;
 bench)
     "$py" benchmarks/step_bench.py --out "$out/step-gpu" 2>&1 | tee "$out/step-gpu.log"
+    # The same with each step's candidates listed (a sync before the LM head) instead
+    # of CUDA's default candidate windows: the reuse and llada2_step rows side by side.
+    "$py" benchmarks/step_bench.py --candidate-rows --out "$out/step-gpu-candidate-rows" 2>&1 \
+        | tee "$out/step-gpu-candidate-rows.log"
     ;;
 profile)
     "$py" benchmarks/profile_step.py --out "$out/profile" 2>&1 | tee "$out/profile.log"

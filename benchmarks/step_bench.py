@@ -70,6 +70,9 @@ SMALL = ModelShape(vocab_size=8192, hidden_size=256, intermediate_size=768, num_
 TOY = ModelShape(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=2)
 
 
+# The engine's candidate windows: None, the device's default (on for CUDA);
+# --candidate-rows sets False, the candidates listed by a sync each step.
+WINDOW_CANDIDATES: bool | None = None
 SPARSE_RETENTION = 0.3
 STREAM = 32  # attend calls timed back to back: one per layer of LLaDA-8B
 
@@ -114,6 +117,7 @@ def make_engine(model, requests: int, context: int, device, max_num_logits: int 
         model, kind=kind, ids=SpecialIds(mask=vocab - 1, eos=vocab - 2, eot=vocab - 3), capacity=requests,
         max_model_len=context, block_size=BLOCK_SIZE, max_num_logits=max_num_logits,
         backend=select_backend(device), device=device, cuda_graphs=cuda_graphs,
+        window_candidates=WINDOW_CANDIDATES,
     )
 
 
@@ -459,7 +463,11 @@ def main() -> None:
     parser.add_argument("--only-sparse", action="store_true", help="run only the sparse vs dense cases")
     parser.add_argument("--only-op-counts", action="store_true",
                         help="run only the op counts per step and per engine call")
+    parser.add_argument("--candidate-rows", action="store_true",
+                        help="list each step's candidates (a sync) instead of CUDA's candidate windows")
     args = parser.parse_args()
+    global WINDOW_CANDIDATES
+    WINDOW_CANDIDATES = False if args.candidate_rows else None
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.smoke:
@@ -490,6 +498,7 @@ def main() -> None:
         "cases": [],
         "sparse_reuse_attention": [],
         "op_counts": [],
+        "candidate_rows": args.candidate_rows,
     }
     cases, sparse_cases = result["cases"], result["sparse_reuse_attention"]
 
