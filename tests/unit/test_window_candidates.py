@@ -122,3 +122,23 @@ def test_windows_above_the_row_bound_take_the_candidates():
     with OpCounter() as counter:
         engine.step(ids[:-1])
     assert nonzeros(counter) == 0
+
+
+def test_a_sampled_step_lists_its_candidates_and_the_metric_counts_lm_head_rows():
+    """A sampled row's reduce is work over the whole vocabulary: a step that samples
+    lists its candidates.  A windowed step reports the window's rows as its LM-head
+    rows (the logits_rows metric)."""
+    sampled, greedy = make_engine(window_candidates=True), make_engine(window_candidates=True)
+    ids = add_requests(sampled, 2, llada(T=0.7))
+    with OpCounter() as counter:
+        sampled.step(ids)
+    assert nonzeros(counter) == 1
+    ids = add_requests(greedy, 2, llada(block=8))
+    with OpCounter() as counter:
+        out = greedy.step(ids)
+    assert nonzeros(counter) == 0
+    assert out.logits_rows == 2 * 8
+    plain = make_engine(window_candidates=False)
+    ids = add_requests(plain, 2, llada(block=8))
+    assert plain.step(ids).logits_rows == 2 * 8  # a block's first step: all 8 are candidates
+    assert plain.step(ids).logits_rows == 2 * 7

@@ -137,6 +137,7 @@ class Denoised:
     positions: torch.Tensor
     tokens: torch.Tensor
     confidence: torch.Tensor
+    window: int = 0  # > 0: the rows were whole candidate windows of this many columns a request
 
 
 @dataclass
@@ -214,8 +215,10 @@ class BatchedRule(ABC):
         the batch-level facts of the last step still hold (the same requests, no
         admission since).
 
-        `window` > 0, where the rule's reduce reads nothing but its rows
-        (`pure_reduce`) and the windows take at most that many rows: the rows are
+        `window` > 0, in a greedy step whose reduce reads nothing but its rows
+        (`pure_reduce`; a sampled row's reduce is work over the whole vocabulary,
+        which rows outside the candidates would multiply) and where the windows take
+        at most that many rows: the rows are
         instead every column of each request's candidate window, a shape the host
         knows (window_rows), so the step needs no sync; rows that are not
         candidates get confidence -inf and are never committed.  Their hidden rows
@@ -225,19 +228,24 @@ class BatchedRule(ABC):
             self.prepare(slots_host)
             self._call_values.clear()
         self._later = not prepare
+        self.last_step = None if prepare else self.last_step
         try:
             plan = self.plan(slots, width)
-            if window and self.pure_reduce() and len(slots_host) * self.window_length(slots_host) <= window:
+            length = self.window_length(slots_host) if window and not self.sampled and self.pure_reduce() else 0
+            if length and len(slots_host) * length <= window:
                 rows, positions = self.per_call("window_rows", lambda: self.window_rows(slots_host, slots, width))
                 tokens, confidence = reduce_candidates(rows, positions)
                 confidence = torch.where(plan.candidates[rows, positions], confidence, float("-inf"))
             else:
+                length = 0
                 rows, positions = plan.candidates.nonzero(as_tuple=True)
                 tokens, confidence = reduce_candidates(rows, positions)
             self.commit_candidates(slots, plan, rows, positions, tokens, confidence)
         finally:
             self._later = False
-        return Denoised(plan, rows, positions, tokens, confidence)
+        if self.last_step is None:
+            raise RuntimeError(f"{type(self).__name__}.commit did not leave its StepEnd (last_step)")
+        return Denoised(plan, rows, positions, tokens, confidence, min(length, width))
 
     def pure_reduce(self) -> bool:
         """Whether `reduce` this step reads only its rows' logits and parameters (no

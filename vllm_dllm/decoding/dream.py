@@ -141,6 +141,9 @@ class DreamRule(parallel_params.ParallelDecoding, BatchedRule):
         count = torch.where(origin, candidates.sum(dim=1), scheduled)
         return CandidatePlan(candidates=candidates, count=count, step_in_block=step, rows=rows)
 
+    def pure_reduce(self) -> bool:
+        return super().pure_reduce() and not self.filtered  # a filter sorts each row's vocabulary
+
     def reduce(self, logits, slots, positions):
         state = self.state
         vocab = state.vocab

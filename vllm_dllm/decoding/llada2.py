@@ -125,6 +125,8 @@ class LLaDA2Rule(BatchedRule):
         self.max_post_steps[slot] = options.max_post_steps
         self.num_to_transfer[slot] = options.num_to_transfer
         self.post_steps[slot] = 0
+        self.edited[slot] = 0  # a batch without editing never writes it
+        self.started_masked[slot] = False
         self.streamed[slot] = 0
         self.top_k[slot] = options.top_k or 0
         self.top_k_host[slot] = options.top_k or 0

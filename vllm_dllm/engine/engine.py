@@ -44,9 +44,8 @@ def _no_context(num_tokens: int) -> contextlib.AbstractContextManager:
 
 
 _CANVAS = 5  # the report's first canvas column (after final, candidates, block, block step, edits)
-# The most LM-head rows a step runs over whole candidate windows (window_candidates):
-# on current GPUs an LM head of a few hundred rows costs about the read of its
-# weight, so up to there the rows outside the candidates are nearly free.
+# The most LM-head rows a step runs over whole candidate windows (window_candidates): on current
+# GPUs an LM head of a few hundred rows costs about its weight's read, so extra rows are nearly free.
 WINDOW_ROWS = 256
 
 
@@ -288,9 +287,10 @@ class StepEngine(RequestBatch):
     def _denoise(self, slots_host, slots, width, bases, has_twins, hidden,
                  first: bool = True) -> torch.Tensor:
         """The rule's step for the requests in `slots_host` (their candidates' rows of
-        `hidden` from `bases`, _row_bases), and its tally per request: its candidates,
-        and [candidates, edits] where the rule may rewrite committed tokens.  `first`:
-        the call's first step (later ones keep the rule's batch-level facts)."""
+        `hidden` from `bases`, _row_bases), and its tally per request: its LM-head rows
+        (candidates, or a whole window), and [rows, edits] where the rule may rewrite
+        committed tokens.  `first`: the call's first step (later ones keep the rule's
+        batch-level facts)."""
         if first:  # the same requests through the call
             self._call_logprobs_k = self.logprobs.step_width(slots_host)
         logprobs_k = self._call_logprobs_k
@@ -313,7 +313,7 @@ class StepEngine(RequestBatch):
             # the logprob row of this step.
             written = self.decode.canvas[slots[done.rows], done.positions] != before[done.rows, done.positions]
             self.logprobs.record(slots_host, done.rows, done.positions, written, collector.result())
-        candidates = done.plan.candidates.sum(dim=1)
+        candidates = torch.full_like(slots, done.window) if done.window else done.plan.candidates.sum(dim=1)
         if not self.rule.rewrites_committed:  # no edits to count
             return candidates
         return torch.stack([candidates, self.rule.edits(slots)], dim=1)
