@@ -72,7 +72,8 @@ class ChunkedRows:
         self.activation_bytes = torch.get_default_dtype().itemsize
 
     def activation_width(self) -> int:
-        raise NotImplementedError
+        """Activation elements one row holds in a step (each module using the mixin says)."""
+        raise NotImplementedError(f"{type(self).__name__} does not say its activation width per row")
 
     def limit_activation(self, budget_bytes: int) -> None:
         self.max_rows = rows_within(budget_bytes, self.activation_width() * self.activation_bytes)
