@@ -218,17 +218,16 @@ class BatchedRule(ABC):
         `window` > 0, in a greedy step whose reduce reads nothing but its rows
         (`pure_reduce`; a sampled row's reduce is work over the whole vocabulary,
         which rows outside the candidates would multiply) and where the windows take
-        at most that many rows: the rows are
-        instead every column of each request's candidate window, a shape the host
-        knows (window_rows), so the step needs no sync; rows that are not
-        candidates get confidence -inf and are never committed.  Their hidden rows
-        may lie outside the request's queries: the caller keeps their indices in
-        range."""
+        at most that many rows: the rows are instead every column of each request's
+        candidate window, a shape the host knows (window_rows), so the step needs no
+        sync; rows that are not candidates get confidence -inf and are never
+        committed.  Their hidden rows may lie outside the request's queries: the
+        caller keeps their indices in range."""
         if prepare:
             self.prepare(slots_host)
             self._call_values.clear()
+            self.last_step = None  # a call's later steps read the last commit's
         self._later = not prepare
-        self.last_step = None if prepare else self.last_step
         try:
             plan = self.plan(slots, width)
             length = self.window_length(slots_host) if window and not self.sampled and self.pure_reduce() else 0
@@ -332,13 +331,21 @@ class BatchedRule(ABC):
         chosen = rank < self.commit_count(slots, plan, ordered)[:, None]
         rows = torch.where(chosen, tokens, state.canvas[slots, :width] if plan.rows is None else plan.rows)
         state.canvas[slots, :width] = rows
+        next_step = self.count_step(slots, plan)
+        self.end_step(slots, rows, next_step, self.block_done(slots, plan, next_step))
+
+    def count_step(self, slots: torch.Tensor, plan: CandidatePlan) -> torch.Tensor:
+        """A commit's step counted; returns each request's steps in its block with it."""
+        state = self.state
         # index_add_: a step's slots are distinct, and integers add exactly.
         state.step.index_add_(0, slots, self.per_call("ones", lambda: torch.ones_like(slots)))
-        step_in_block = state.block_step[slots] if plan.step_in_block is None else plan.step_in_block
-        next_step = step_in_block + 1
-        done = self.block_done(slots, plan, next_step)
-        state.block.index_add_(0, slots, done.long())
-        state.block_step[slots] = torch.where(done, 0, next_step)
+        return (state.block_step[slots] if plan.step_in_block is None else plan.step_in_block) + 1
+
+    def end_step(self, slots: torch.Tensor, rows: torch.Tensor, next_step: torch.Tensor, done: torch.Tensor) -> None:
+        """After a commit wrote the canvas `rows`: each request's block advances where
+        `done`, else its step in the block; the engine's check reads both (StepEnd)."""
+        self.state.block.index_add_(0, slots, done.long())
+        self.state.block_step[slots] = torch.where(done, 0, next_step)
         self.last_step = StepEnd(rows, done)
 
     def restart_block(self, slots: torch.Tensor, streamed: torch.Tensor) -> None:

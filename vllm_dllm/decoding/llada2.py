@@ -59,7 +59,7 @@ import numpy as np
 import torch
 
 from vllm_dllm.decoding import parallel, parallel_params, sampling
-from vllm_dllm.decoding.base import BatchedRule, DecodeState, CandidatePlan, StepEnd, count_at, even_split
+from vllm_dllm.decoding.base import BatchedRule, DecodeState, CandidatePlan, count_at, even_split
 from vllm_dllm.decoding.vocab import WHOLE, Vocab
 from vllm_dllm.options import LLADA2, LLaDA2Options
 
@@ -255,15 +255,11 @@ class LLaDA2Rule(BatchedRule):
             self.edited[slots] = edit.sum(dim=1)
         rows = torch.where(chosen, tokens, current)
         state.canvas[slots, :width] = rows
-        # index_add_: a step's slots are distinct, and integers add exactly.
-        state.step.index_add_(0, slots, self.per_call("ones", lambda: torch.ones_like(slots)))
-        next_step = (state.block_step[slots] if plan.step_in_block is None else plan.step_in_block) + 1
+        next_step = self.count_step(slots, plan)
         done = self._block_done(slots, plan, rows, next_step, edit)
-        state.block.index_add_(0, slots, done.long())
-        state.block_step[slots] = torch.where(done, 0, next_step)
         if self.rewrites_committed:
             self.post_steps[slots] = torch.where(done, 0, self.post_steps[slots])
-        self.last_step = StepEnd(rows, done)
+        self.end_step(slots, rows, next_step, done)
 
     def _block_done(self, slots: torch.Tensor, plan: CandidatePlan, rows: torch.Tensor, next_step: torch.Tensor,
                     edit: torch.Tensor | None) -> torch.Tensor:
