@@ -9,7 +9,8 @@
 #                                          #  the start-up self-check (worker/self_check.py)
 #                                          #  and the vocabulary-parallel rules on CUDA
 #   bash benchmarks/gpu_session.sh bench   # the LLaDA-8B-shaped step_bench (bf16), with candidate
-#                                          #  windows and with listed candidates, ~4 min
+#                                          #  windows (and whole-step graphs against Reuse graphs
+#                                          #  alone) and with listed candidates, ~6 min
 #   bash benchmarks/gpu_session.sh profile # where the step's time goes (profile_step.py) and
 #                                          #  the Triton KV-tile sweep (triton_tile_sweep.py), ~3 min
 #

@@ -15,7 +15,10 @@ and 16 requests (the step's cost must not grow with per-request Python).
 Cases: Refresh of one sequence; Reuse steps (32-query blocks) of N requests over a
 context; the LM head + LLaDA rule over N x 32 rows at T = 0 and T = 1; on CUDA, a
 Reuse step of 1 request with CUDA graphs (ours: the engine replaying its captured
-forward; ideal: the whole ideal step captured in one graph).
+forward; ideal: the whole ideal step captured in one graph); on CUDA, a call's later
+steps (a block's steps after its first, one engine call) of 1 and 4 LLaDA and LLaDA2
+requests, replayed from whole-step graphs against the same engine with Reuse graphs
+alone (`later_steps`: ms per step each way, alternating, and their ratio).
 
 LLaDA2 (block-causal) decode step of N requests (16 and 64): each request's active
 block, the last 32 positions of its context, over the cached prefix, through the
@@ -109,7 +112,7 @@ class Timer:
 
 
 def make_engine(model, requests: int, context: int, device, max_num_logits: int = 1024,
-                cuda_graphs: bool = False, kind: str = "llada") -> StepEngine:
+                cuda_graphs: bool = False, kind: str = "llada", step_graphs: bool = True) -> StepEngine:
     blocks = -(-context // BLOCK_SIZE)
     model.allocate_kv_pool(requests * blocks + 1, BLOCK_SIZE, next(model.parameters()).dtype, device)
     vocab = model.shape.vocab_size
@@ -117,7 +120,7 @@ def make_engine(model, requests: int, context: int, device, max_num_logits: int 
         model, kind=kind, ids=SpecialIds(mask=vocab - 1, eos=vocab - 2, eot=vocab - 3), capacity=requests,
         max_model_len=context, block_size=BLOCK_SIZE, max_num_logits=max_num_logits,
         backend=select_backend(device), device=device, cuda_graphs=cuda_graphs,
-        window_candidates=WINDOW_CANDIDATES,
+        window_candidates=WINDOW_CANDIDATES, step_graphs=step_graphs,
     )
 
 
@@ -161,6 +164,36 @@ def ours_llada2(model, requests, context, timer, reps, device):
     ms = timer.median_ms(lambda: engine.step(ids), reps)
     release(model)
     return ms
+
+
+def later_steps(model, kind: str, requests: int, timer, reps, device, step_graphs: bool) -> float:
+    """ms per step of a call's later steps (a block's steps after its first, in one
+    engine call), CUDA graphs on, with or without whole-step graphs; a block per
+    repetition."""
+    gen = BLOCK * (reps + 3)
+    context = gen + 256
+    engine = make_engine(model, requests, context, device, cuda_graphs=True, kind=kind, step_graphs=step_graphs)
+    blocks = -(-context // BLOCK_SIZE)
+    ids = []
+    for i in range(requests):
+        opts = (LLaDA2Options(max_tokens=gen, block_length=BLOCK, steps=BLOCK, threshold=1.0, minimal_topk=1,
+                              eos_early_stop=False, editing_threshold=None, max_post_steps=16, num_to_transfer=1,
+                              temperature=0.0, top_k=None, top_p=None)
+                if kind == "llada2" else options(gen, "dual"))
+        engine.add(f"r{i}", [(17 * i + j) % 1000 + 10 for j in range(256)], opts, seed=i,
+                   block_ids=list(range(1 + i * blocks, 1 + (i + 1) * blocks)))
+        ids.append(f"r{i}")
+    times = []
+    for rep in range(reps + 2):  # two blocks of warm-up: the captures
+        engine.step(ids)  # the block's first step (a Refresh)
+        timer.sync()
+        start = time.perf_counter()
+        ran = engine.step(ids, steps=BLOCK - 1).steps
+        timer.sync()
+        if rep >= 2:
+            times.append((time.perf_counter() - start) * 1e3 / ran)
+    release(model)
+    return statistics.median(times)
 
 
 def release(model) -> None:
@@ -432,6 +465,11 @@ def save(result: dict, out: pathlib.Path) -> str:
               f"| {r['call_steps']} "
               f"| {r['ops_per_call']} ({r['ops_per_call'] / r['call_steps']:.0f}) | {r['sync_ops_per_call']} |"
               for r in result["op_counts"]]
+    if result.get("later_steps"):
+        lines += ["", "A call's later steps, ms per step: whole-step graphs against Reuse graphs alone.", "",
+                  "| rule | requests | whole-step graphs ms | Reuse graphs alone ms | ratio |", "|---|---|---|---|---|"]
+        lines += [f"| {r['kind']} | {r['requests']} | {r['step_graphs_ms']} | {r['reuse_graphs_ms']} | {r['ratio']} |"
+                  for r in result["later_steps"]]
     lines += ["", f"Reuse attention, one layer, sparse (retention {SPARSE_RETENTION}) vs dense (dual), "
               f"backend {result['backend']}: median ms of `attend` per layer (one call between two syncs, and per call "
               f"of {STREAM} back to back, as a step's layers run), of build_step_inputs per step, "
@@ -498,6 +536,7 @@ def main() -> None:
         "cases": [],
         "sparse_reuse_attention": [],
         "op_counts": [],
+        "later_steps": [],
         "candidate_rows": args.candidate_rows,
     }
     cases, sparse_cases = result["cases"], result["sparse_reuse_attention"]
@@ -560,6 +599,23 @@ def main() -> None:
         record("reuse_graphed", 1, contexts[0],
                ours_reuse(model, 1, contexts[0], timer, reps, device, cuda_graphs=True),
                ideal_reuse_graphed(model, 1, contexts[0], timer, reps, device))
+    if (device.type == "cuda" or args.smoke) and not args.only_sparse and not args.candidate_rows:
+        # Whole-step graphs against the same engine with Reuse graphs alone,
+        # alternating sides, twice each: the medians of their medians.  A block a
+        # repetition: 5 of them (each a median over a block's 31 later steps).  On a
+        # CPU (--smoke only) there are no graphs: both sides run step by step.
+        for kind in ("llada", "llada2"):
+            for requests in (1, 4):
+                runs = {True: [], False: []}
+                for graphed in (False, True, False, True):
+                    runs[graphed].append(later_steps(model, kind, requests, timer, min(reps, 5), device, graphed))
+                with_, without = statistics.median(runs[True]), statistics.median(runs[False])
+                result["later_steps"].append({"kind": kind, "requests": requests, "step_graphs_ms": round(with_, 3),
+                                              "reuse_graphs_ms": round(without, 3),
+                                              "ratio": round(with_ / without, 3)})
+                print(f"later steps {kind} x {requests}: whole-step graphs {with_:.3f} ms/step, "
+                      f"Reuse graphs alone {without:.3f}, ratio {with_ / without:.3f}", flush=True)
+                save(result, args.out)
     for temperature in () if args.only_sparse else (0.0, 1.0):
         record(f"head_T{temperature:g}", head_requests, BLOCK,
                ours_head(model, head_requests, temperature, timer, reps, device),

@@ -52,6 +52,9 @@ def test_step_bench_runs_every_case_without_vllm(tmp_path):
         assert len({(r["call_steps"], r["ops_per_call"]) for r in counts}) == 1
         assert counts[0]["call_steps"] > 1
         assert counts[0]["sync_ops_per_call"] <= 2 * counts[0]["call_steps"]
+    later = {(r["kind"], r["requests"]) for r in result["later_steps"]}
+    assert later == {("llada", 1), ("llada", 4), ("llada2", 1), ("llada2", 4)}
+    assert all(r["step_graphs_ms"] > 0 and r["reuse_graphs_ms"] > 0 for r in result["later_steps"])
     sparse = result["sparse_reuse_attention"]
     assert sparse and sparse[0]["sparse"]["seq_len"] < sparse[0]["dense"]["seq_len"]
     assert (tmp_path / "table.md").read_text().startswith("Device: ")

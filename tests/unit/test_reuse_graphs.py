@@ -114,12 +114,17 @@ class TapeCapture:
         def replay():
             gc.collect()
             for func, args, kwargs, out in ops:
-                result = func(*tree_map(resolve, args), **tree_map(resolve, kwargs))
+                args, kwargs = tree_map(resolve, args), tree_map(resolve, kwargs)
+                result = func(*args, **kwargs)
                 writes = any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
-                if func.is_view or writes:
-                    continue  # recorded views alias their bases; in-place ops wrote their arguments
+                if writes:
+                    continue  # in-place ops wrote their arguments
+                bases = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                         if isinstance(t, torch.Tensor)} if func.is_view else set()
                 for recorded, fresh in zip(tree_flatten(out)[0], tree_flatten(result)[0]):
-                    if isinstance(recorded, torch.Tensor):
+                    # A view aliases its base, except where an op that may alias copied
+                    # instead (`to` a new dtype): its recorded output is a buffer of its own.
+                    if isinstance(recorded, torch.Tensor) and recorded.untyped_storage().data_ptr() not in bases:
                         recorded.copy_(fresh)
 
         return replay, output

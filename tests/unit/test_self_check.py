@@ -6,6 +6,7 @@ stand-in Philox kernels that agree and disagree; the runner's fallback and refus
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from types import SimpleNamespace
 
@@ -14,6 +15,7 @@ import torch
 
 from vllm_dllm.attention.backends import TorchAttention
 from vllm_dllm.decoding import philox, triton_philox
+from vllm_dllm.engine.engine import StepEngine
 from vllm_dllm.engine.torch_model import build_model
 from vllm_dllm.options import LLADA
 from vllm_dllm.serving.server_defaults import ServerDefaults
@@ -136,9 +138,20 @@ def test_a_disagreeing_philox_is_switched_off_for_sampling(monkeypatch, caplog):
     assert "Triton Philox kernel DISAGREES" in error.getMessage() and "torch Philox instead" in error.getMessage()
 
 
-def test_the_runner_rebuilds_its_engine_on_the_torch_backend_without_graphs(monkeypatch):
-    """DiffusionModelRunner._self_check (run on CUDA only) with the stand-in backend."""
-    kwargs = engine_kwargs(StandIn(perturb=0.05))
+class StaleCapture(RerunCapture):
+    """A capture whose replays of a whole step do nothing: a graph that lost its
+    kernels, as a broken capture would."""
+
+    def __call__(self, fn, pool):
+        replay, output = super().__call__(fn, pool)
+        if output.dtype == torch.long:  # a whole step's [tally, goes on]
+            return (lambda: None), output
+        return replay, output
+
+
+def cpu_runner(monkeypatch, backend, capture=RerunCapture):
+    """A DiffusionModelRunner on the CPU whose engine uses `backend` and `capture`."""
+    kwargs = engine_kwargs(backend)
     monkeypatch.setattr(triton_philox, "HAS_TRITON", False)  # its kernel needs CUDA (or the interpreter)
     monkeypatch.setattr(runner_module, "special_ids", lambda model_config, kind: IDS)
     monkeypatch.setattr(runner_module, "prefill_chunk", lambda vllm_config: 0)
@@ -152,8 +165,14 @@ def test_the_runner_rebuilds_its_engine_on_the_torch_backend_without_graphs(monk
                                           get_vocab_size=lambda: SHAPE.vocab_size, dtype=torch.float32)
     runner.vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=4))
     runner.kv_caches = [torch.empty(NUM_BLOCKS, 1)]  # its first dimension: the pool's blocks
-    runner._graph_capture = lambda: RerunCapture()
+    runner._graph_capture = lambda: capture()
     runner._forward_context = lambda num_tokens: contextlib.nullcontext()  # vLLM's needs its config
+    return runner
+
+
+def test_the_runner_rebuilds_its_engine_on_the_torch_backend_without_graphs(monkeypatch):
+    """DiffusionModelRunner._self_check (run on CUDA only) with the stand-in backend."""
+    runner = cpu_runner(monkeypatch, StandIn(perturb=0.05))
     runner._build_engine()
     assert runner.engine.backend.name == "stand-in" and runner.engine.graphs is not None
     runner.self_check()  # on a CPU: nothing runs
@@ -165,7 +184,31 @@ def test_the_runner_rebuilds_its_engine_on_the_torch_backend_without_graphs(monk
     assert runner.engine.backend.name == "torch" and runner.engine.graphs is None
 
 
+@pytest.mark.parametrize("capture,kept", [(RerunCapture, True), (StaleCapture, False)])
+def test_the_runner_keeps_whole_step_graphs_only_where_they_agree(monkeypatch, capture, kept):
+    """As on CUDA, where the engine's LM head runs over whole windows by default."""
+    for module in (runner_module, self_check):
+        monkeypatch.setattr(module, "StepEngine", functools.partial(StepEngine, window_candidates=True))
+    runner = cpu_runner(monkeypatch, StandIn(), capture)
+    runner._build_engine()
+    assert runner.engine.step_graphs is not None
+    runner._self_check()
+    assert not runner._torch_fallback and runner.engine.graphs is not None  # the backend and Reuse graphs stay
+    assert (runner.engine.step_graphs is not None) is kept
+    runner._build_engine()
+    assert (runner.engine.step_graphs is not None) is kept
+
+
 def test_the_vllm_free_entry_point_runs_where_there_is_nothing_to_check():
     # On a CPU the torch paths are the references; on a GPU benchmarks/gpu_session.sh
     # runs it with the Triton/flash backend, CUDA graphs and the Triton Philox.
     assert self_check.main(["--device", "cpu", "--dtype", "float32"]) == 0
+
+
+@pytest.mark.parametrize("capture,ok", [(RerunCapture, True), (StaleCapture, False)])
+def test_whole_step_graphs_are_checked_against_the_same_engine_without_them(capture, ok):
+    kwargs = {**engine_kwargs(StandIn()), "graph_capture": capture(), "window_candidates": True}
+    result = self_check.check_step_graphs(kwargs, probe_options(defaults()), num_blocks=NUM_BLOCKS,
+                                          vocab_size=SHAPE.vocab_size)
+    assert result.ok is ok, result
+    assert result.detail.startswith("0 of") is ok and "0 graphs captured" not in result.detail

@@ -230,13 +230,12 @@ class BatchedRule(ABC):
         self._later = not prepare
         try:
             plan = self.plan(slots, width)
-            length = self.window_length(slots_host) if window and not self.sampled and self.pure_reduce() else 0
-            if length and len(slots_host) * length <= window:
+            length = self.window_fit(slots_host, window)
+            if length:
                 rows, positions = self.per_call("window_rows", lambda: self.window_rows(slots_host, slots, width))
                 tokens, confidence = reduce_candidates(rows, positions)
                 confidence = torch.where(plan.candidates[rows, positions], confidence, float("-inf"))
             else:
-                length = 0
                 rows, positions = plan.candidates.nonzero(as_tuple=True)
                 tokens, confidence = reduce_candidates(rows, positions)
             self.commit_candidates(slots, plan, rows, positions, tokens, confidence)
@@ -245,6 +244,14 @@ class BatchedRule(ABC):
         if self.last_step is None:
             raise RuntimeError(f"{type(self).__name__}.commit did not leave its StepEnd (last_step)")
         return Denoised(plan, rows, positions, tokens, confidence, min(length, width))
+
+    def window_fit(self, slots_host, window: int) -> int:
+        """The candidate windows' length where this step's rows may be whole windows
+        of at most `window` rows in all (denoise), else 0."""
+        if not window or self.sampled or not self.pure_reduce():
+            return 0
+        length = self.window_length(slots_host)
+        return length if len(slots_host) * length <= window else 0
 
     def pure_reduce(self) -> bool:
         """Whether `reduce` this step reads only its rows' logits and parameters (no
@@ -274,6 +281,13 @@ class BatchedRule(ABC):
         positions = torch.where(positions < width, positions, width - 1 - columns)
         rows = torch.arange(len(slots), device=slots.device)[:, None].expand_as(positions)
         return rows.reshape(-1), positions.reshape(-1)
+
+    def start_over(self) -> None:
+        """Forget what a call's earlier steps left (per_call values, the last
+        commit's rows): the next step reads everything from the slots' state, as a
+        captured step does, whose replays come in later calls."""
+        self._call_values.clear()
+        self.last_step = None
 
     def per_call(self, name: str, compute: Callable[[], object]):
         """`compute()` at a call's first step (and whenever a rule is driven step by

@@ -109,8 +109,14 @@ class ParallelParams:
 
     def _rows_of(self, slots: torch.Tensor, flag: str) -> torch.Tensor:
         """bool per request: its rule has `flag` set."""
-        codes = [DECODING_RULES.index(name) for name in self.present if getattr(_RULES[name], flag)]
-        return torch.isin(self.rule[slots], torch.tensor(codes, device=slots.device))
+        rules = self.rule[slots]
+        rows = torch.zeros_like(rules, dtype=torch.bool)
+        # One comparison per rule present (a handful), with no tensor from the host:
+        # a captured step (engine/step_graphs.py) cannot copy one in.
+        for name in self.present:
+            if getattr(_RULES[name], flag):
+                rows |= rules == DECODING_RULES.index(name)
+        return rows
 
     def ramped(self, slots: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
         """`threshold` per request, an IterSmooth request's held at 1 - decay x the

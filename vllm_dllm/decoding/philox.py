@@ -90,8 +90,11 @@ def _philox_words(c0, c1, c2, c3, k0, k1, words: int = 4):
     (two fresh tensors per round), which keeps large batches lean; with words <= 2
     the last round skips the M0 product, which only feeds words 2 and 3."""
     device = next((t.device for t in (c0, c1, c2, c3, k0, k1) if isinstance(t, torch.Tensor)), None)
+    # An int becomes a tensor by a fill, not a copy from the host, which a CUDA graph's
+    # capture could not hold.
     c0, c1, c2, c3, k0, k1 = (
-        torch.as_tensor(t, dtype=torch.int64, device=device) for t in (c0, c1, c2, c3, k0, k1)
+        t.to(torch.int64) if isinstance(t, torch.Tensor) else torch.full((), t, dtype=torch.int64, device=device)
+        for t in (c0, c1, c2, c3, k0, k1)
     )
     shape = torch.broadcast_shapes(c0.shape, c1.shape, c2.shape, c3.shape, k0.shape, k1.shape)
     c0, c1, c2, c3 = (c.expand(shape).clone() for c in (c0, c1, c2, c3))

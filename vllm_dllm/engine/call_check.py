@@ -44,8 +44,8 @@ class CallCheck:
         finished = (self.stops(tokens) & (self.columns < final[:, None])).any(dim=1) | (final >= self.output_length)
         return ~finished
 
-    def goes_on(self, block_ended: torch.Tensor, waiting: torch.Tensor) -> bool:
-        """The last step ended no request's block and one still waits (the one sync).
-        A call stops at the first step that ends a block, so the last step's ends
-        are every end of the call."""
-        return bool((waiting.any() & ~block_ended.any()).item())
+    def goes_on(self, block_ended: torch.Tensor, waiting: torch.Tensor) -> torch.Tensor:
+        """bool, 0-dim: the last step ended no request's block and one still waits
+        (its host read is the one sync).  A call stops at the first step that ends a
+        block, so the last step's ends are every end of the call."""
+        return waiting.any() & ~block_ended.any()

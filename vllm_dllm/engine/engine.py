@@ -13,7 +13,6 @@ loops over requests in Python; host<->device syncs per step: the candidate count
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -27,10 +26,11 @@ from vllm_dllm.decoding.logprobs import LogprobsCollector
 from vllm_dllm.engine.batch import RequestBatch
 from vllm_dllm.engine.batch_layout import BatchLayout, batch_layout, same_layout
 from vllm_dllm.engine.batch_phases import POLICY_NONE
-from vllm_dllm.engine.call_check import CallCheck
+from vllm_dllm.engine.call_steps import LaterSteps
 from vllm_dllm.engine.graphs import ReuseGraphs
 from vllm_dllm.engine.prompt_scoring import ScoringContext
 from vllm_dllm.engine.memory_profile import peak_step
+from vllm_dllm.engine.step_graphs import StepGraphs
 from vllm_dllm.engine.step_inputs import build_step_inputs, to_device
 from vllm_dllm.engine.step_output import StepOutput
 
@@ -57,7 +57,7 @@ def _embedding_rows(model):
     return lambda: model.input_embedding().weight
 
 
-class StepEngine(RequestBatch):
+class StepEngine(LaterSteps, RequestBatch):
     """A batch of requests (batch.py) and the step over any subset of them.
 
     `model(input_ids, positions)` returns hidden states and reads attention metadata
@@ -71,7 +71,7 @@ class StepEngine(RequestBatch):
                  max_num_logits: int, backend, device: torch.device, cuda_graphs: bool = False,
                  max_graph_seqs: int = 64, graph_capture=None, model_context: ModelContext | None = None,
                  prefill_chunk: int = 0, max_logprobs: int = 20, lm_head: LMHead | None = None,
-                 window_candidates: bool | None = None):
+                 window_candidates: bool | None = None, step_graphs: bool = True):
         """`cuda_graphs`: replay captured forwards for Reuse steps (engine/graphs.py)
         where the device and backend allow it; `graph_capture` replaces the plain
         CUDA capture: a capture inside vLLM's graph_capture under tensor parallelism,
@@ -86,7 +86,9 @@ class StepEngine(RequestBatch):
         a step's LM head runs over every column of each request's candidate window
         rather than its candidates alone, so no sync waits for their count (the
         rule's `denoise`); by default on CUDA, where the extra rows cost less than
-        the host's wait."""
+        the host's wait.  `step_graphs`: where Reuse graphs and windows are on, a
+        call's later steps replay whole-step graphs (step_graphs.py; the whole
+        vocabulary's LM head only)."""
         super().__init__(kind=kind, ids=ids, capacity=capacity, max_model_len=max_model_len, block_size=block_size,
                          device=device, lm_head=lm_head or LMHead(model.compute_logits),
                          prefill_chunk=prefill_chunk, max_logprobs=max_logprobs,
@@ -97,7 +99,7 @@ class StepEngine(RequestBatch):
         self.window_candidates = device.type == "cuda" if window_candidates is None else window_candidates
         self.backend = backend
         self.logits_shift = bool(getattr(model, "logits_shift", False))
-        self.graphs = None
+        self.graphs = self.step_graphs = None
         self._call_logprobs_k: int | None = None  # the top logprobs this call's requests asked for
         self._call_smooths = False  # a request of this call smooths (IterSmooth)
         if cuda_graphs and (device.type == "cuda" or graph_capture is not None):
@@ -108,6 +110,8 @@ class StepEngine(RequestBatch):
                 )
             else:
                 logger.info("CUDA graphs off: attention backend %r cannot be captured", backend.name)
+        if step_graphs and self.graphs is not None and self.window_candidates and lm_head is None:
+            self.step_graphs = StepGraphs(self.graphs)
 
     # ---- one step ------------------------------------------------------------
 
@@ -197,59 +201,6 @@ class StepEngine(RequestBatch):
                     output.prompt_logprobs[req_id] = self.prompt_scorer.take(req_id)
         return output
 
-    def _later_layout(self, req_ids, slots_host: np.ndarray, batch: BatchLayout, steps: int) -> BatchLayout:
-        """The layout of a call's steps after the first: every request one step on in
-        its block, its cache filled.  A step that must run alone (a grammar's masks,
-        prompt scoring, a prefill chunk or a cache rebuild) cannot start a call."""
-        alone = [
-            name for name, present in (
-                ("structured outputs", self._masks is not None),
-                ("prompt scoring", self.prompt_scorer.asks(slots_host) or self.elbo_scorer.asks(slots_host)),
-                ("a prefill chunk", not batch.decodes.all()),
-                ("a cache rebuild", batch.rebuild.any()),
-            ) if present
-        ]
-        if alone:
-            raise RuntimeError(f"a call of {steps} steps for {', '.join(req_ids)}: {', '.join(alone)} runs one step")
-        host = dataclasses.replace(self.host, block_step=self.host.block_step.copy(),
-                                   has_cache=self.host.has_cache.copy())
-        host.block_step[slots_host] += 1
-        host.has_cache[slots_host] = True
-        evicted = self.evicted.copy()
-        evicted[slots_host] = False  # the first step refreshes an evicted cache
-        return batch_layout(host, self.sparse, evicted, self.copies, slots_host)
-
-    def _run_later_steps(self, slots_host, slots, width, later: BatchLayout, steps: int, tally, reuse=None):
-        """Steps 2..`steps` of a call over one layout, while `_goes_on`; `reuse`: the
-        first step's (inputs, row bases) when its layout is `later`.  Appends each
-        step's tally to `tally`; returns the steps run."""
-        check = CallCheck.gather(self.stop_ids[slots], self.decode.output_length[slots], width)
-        inputs, bases = reuse or (None, None)
-        ran = 1
-        for _ in range(1, steps):
-            if not self._goes_on(slots, width, check):
-                break
-            if inputs is None:
-                inputs = self._inputs(later)
-                seqs = to_device(np.stack([later.request_seq, later.twin_seq]), self.device)
-                bases = self._row_bases(slots, seqs, inputs)
-            else:
-                inputs.read_tokens(self.decode.canvas)
-            hidden = self._forward(later, inputs)
-            tally.append(self._denoise(slots_host, slots, width, bases, later.has_twins, hidden, first=False))
-            ran += 1
-        return ran
-
-    def _goes_on(self, slots, width: int, check: CallCheck) -> bool:
-        """Whether a call runs another step (call_check.py; one sync), from what the
-        last commit wrote: the canvas rows and which blocks it ended."""
-        last = self.rule.last_step
-        if self.rule.rewrites_committed:
-            waiting = check.waiting(last.rows, self.rule.num_final(slots, width))
-        else:
-            waiting = check.waiting_at_masks(last.rows, self.ids.mask)
-        return check.goes_on(last.block_ended, waiting)
-
     def _inputs(self, batch: BatchLayout):
         return build_step_inputs(
             batch.sequences,
@@ -302,7 +253,7 @@ class StepEngine(RequestBatch):
         # Rows over each request's whole candidate window, a shape known on the host,
         # where nothing records per-row state on the way: no sync before the LM head.
         windows = self.window_candidates and collector is None and not self._call_smooths and self._masks is None
-        window = WINDOW_ROWS // (2 if has_twins else 1) if windows else 0
+        window = self._window_rows(has_twins) if windows else 0
         done = self.rule.denoise(
             slots_host, slots, width,
             lambda rows, positions: self._reduce(hidden, bases, has_twins, slots, rows, positions, collector, window),
@@ -317,6 +268,11 @@ class StepEngine(RequestBatch):
         if not self.rule.rewrites_committed:  # no edits to count
             return candidates
         return torch.stack([candidates, self.rule.edits(slots)], dim=1)
+
+    @staticmethod
+    def _window_rows(has_twins: bool) -> int:
+        """The most LM-head rows of a step's windows (a CFG twin's rows count too)."""
+        return WINDOW_ROWS // (2 if has_twins else 1)
 
     def _report(self, slots, width: int, tallies: list[torch.Tensor]) -> torch.Tensor:
         """Per request: the count of final tokens, the call's candidates, its (block,

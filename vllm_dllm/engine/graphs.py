@@ -77,7 +77,7 @@ def seq_bucket(num_seqs: int, max_seqs: int) -> int | None:
 
 
 @dataclass
-class _Graph:
+class ForwardGraph:
     replay: Callable[[], None]
     output: torch.Tensor
     input_ids: torch.Tensor
@@ -90,6 +90,22 @@ class _Graph:
     # The metadata the captured forward reads.  A CUDA graph keeps raw device
     # pointers, not references: every tensor it reads must be owned here.
     meta: AttentionMetadata | None = None
+
+    def load(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> None:
+        """The step's inputs into the buffers, their tails back to padding: a
+        constant number of copies whatever the batch."""
+        tokens, seqs = len(input_ids), meta.num_seqs
+        for name, value, count in (
+            ("input_ids", input_ids, tokens),
+            ("positions", positions, tokens),
+            ("query_slots", meta.query_slots, tokens),
+            ("seq_lens", meta.seq_lens, seqs),
+            ("kv_start", meta.kv_start, seqs),
+            ("block_table", meta.block_table, seqs),
+        ):
+            buffer = getattr(self, name)
+            buffer[:count].copy_(value)
+            buffer[count:].copy_(self.padding[name][count:])
 
 
 class ReuseGraphs:
@@ -124,7 +140,7 @@ class ReuseGraphs:
         self.scratch_block = scratch_block
         self.capture = capture or capture_cuda_graph
         self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
-        self.graphs: dict[tuple[int, int, bool], _Graph] = {}
+        self.graphs: dict[tuple[int, int, bool], ForwardGraph] = {}
         self._warned_full = False
 
     def key(self, num_queries: np.ndarray, refresh: np.ndarray, has_kv_offset: bool) -> tuple[int, int, bool] | None:
@@ -153,25 +169,18 @@ class ReuseGraphs:
         graph = self.graphs.get(key)
         fresh = graph is None
         if fresh:
-            graph = self._buffers(*key[:2])
-        tokens, seqs = len(input_ids), meta.num_seqs
-        for name, value, count in (
-            ("input_ids", input_ids, tokens),
-            ("positions", positions, tokens),
-            ("query_slots", meta.query_slots, tokens),
-            ("seq_lens", meta.seq_lens, seqs),
-            ("kv_start", meta.kv_start, seqs),
-            ("block_table", meta.block_table, seqs),
-        ):
-            buffer = getattr(graph, name)
-            buffer[:count].copy_(value)
-            buffer[count:].copy_(graph.padding[name][count:])
+            graph = self.buffers(*key[:2])
+        graph.load(input_ids, positions, meta)
         if fresh:
-            self._capture(graph, key, meta)
+            graph.replay, graph.output = self.capture(self.static_forward(graph, key, meta), self.pool)
+            self.graphs[key] = graph
+            logger.info("Captured the Reuse forward for %d sequences x %d queries%s", key[0], key[1],
+                        " (CFG)" if key[2] else "")
         graph.replay()
-        return graph.output[:tokens]
+        return graph.output[:len(input_ids)]
 
-    def _buffers(self, bucket: int, q: int) -> _Graph:
+    def buffers(self, bucket: int, q: int) -> ForwardGraph:
+        """Static buffers for (bucket, q), holding the padding rows' values."""
         dev, rows = self.device, bucket * q
         scratch = self.scratch_block * self.block_size + torch.arange(q, device=dev) % self.block_size
         padding = {
@@ -183,9 +192,13 @@ class ReuseGraphs:
             "block_table": torch.full((bucket, self.max_blocks), self.scratch_block, dtype=torch.int32, device=dev),
         }
         buffers = {name: value.clone() for name, value in padding.items()}
-        return _Graph(replay=lambda: None, output=torch.empty(0), padding=padding, **buffers)
+        return ForwardGraph(replay=lambda: None, output=torch.empty(0), padding=padding, **buffers)
 
-    def _capture(self, graph: _Graph, key: tuple[int, int, bool], meta: AttentionMetadata) -> None:
+    def static_forward(self, graph: ForwardGraph, key: tuple[int, int, bool],
+                       meta: AttentionMetadata) -> Callable[[], torch.Tensor]:
+        """The forward over `graph`'s buffers (a whole-step graph captures it with
+        the rest of its step, engine/step_graphs.py): its metadata is `meta` with
+        every tensor the graph's own and every host bound the key's."""
         bucket, q, has_kv_offset = key
         graph.meta = replace(
             meta,
@@ -206,7 +219,4 @@ class ReuseGraphs:
             with attention_metadata(graph.meta), self.model_context(len(graph.input_ids)):
                 return self.model(graph.input_ids, graph.positions)
 
-        graph.replay, graph.output = self.capture(run, self.pool)
-        self.graphs[key] = graph
-        logger.info("Captured the Reuse forward for %d sequences x %d queries%s", bucket, q,
-                    " (CFG)" if has_kv_offset else "")
+        return run

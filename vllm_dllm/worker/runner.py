@@ -128,6 +128,8 @@ class DiffusionModelRunner:
     # Set when the start-up self-check finds the CUDA attention path wrong: the torch
     # backend without graphs from then on (engine rebuilds included).
     _torch_fallback = False
+    # Set when the self-check finds whole-step graphs changing tokens: Reuse graphs alone.
+    _step_graphs_off = False
 
     def _build_engine(self) -> None:
         self.engine = StepEngine(**self._engine_kwargs())
@@ -146,6 +148,7 @@ class DiffusionModelRunner:
             backend=backend or select_backend(self.device, self.defaults.attention_backend),
             device=self.device,
             cuda_graphs=not self.model_config.enforce_eager and not self._torch_fallback,
+            step_graphs=not self._step_graphs_off,
             graph_capture=self._graph_capture(),
             model_context=self._forward_context,
             prefill_chunk=prefill_chunk(self.vllm_config),
@@ -169,6 +172,12 @@ class DiffusionModelRunner:
         )
         if not keep:
             self._torch_fallback = True
+            self._build_engine()
+        elif self.engine.step_graphs is not None and not self_check.run_step_graphs(
+            self._engine_kwargs(backend=self.engine.backend), self.defaults,
+            num_blocks=self.kv_caches[0].shape[0], vocab_size=self.model_config.get_vocab_size(),
+        ):
+            self._step_graphs_off = True
             self._build_engine()
 
     def _forward_context(self, num_tokens: int):

@@ -12,13 +12,16 @@ the CUDA paths once on the served model and compares:
   each group for four steps: Refresh, then Reuse steps, graph-captured and
   replayed.  Every forward is repeated with the torch backend, eagerly, on the same
   inputs and the same pool, and the hidden states are compared.
+* Whole-step graphs.  The probes run their canvases to the end in calls of several
+  steps, with the later steps replayed from whole-step graphs and without: the
+  canvases must be identical (the same kernels on the same inputs).
 * Philox.  `uniform_rows_triton` against `philox.uniform_rows`, float32 and
   float64, over seeds, steps, positions and streams at their edges: bit-exact by
   contract.
 
 What fails is logged as an ERROR naming it.  The runner then serves with the torch
 backend without graphs (refusing to start instead when the user forced the
-backend), and sampling draws with the torch Philox.
+backend), without whole-step graphs, or sampling draws with the torch Philox.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from vllm_dllm.attention.metadata import attention_metadata
 from vllm_dllm.decoding import philox
 from vllm_dllm.engine.engine import StepEngine
 from vllm_dllm.options import OptionError, resolve, sequence_copies
+from vllm_dllm.scheduler.track import RequestTrack
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +60,7 @@ PROBE_GEN = 32  # canvas of each probe request
 PROBE_BLOCK = 8
 PROBE_PROMPT = 24
 STEPS_PER_GROUP = 4  # Refresh, then Reuse steps (a sparse request may refresh twice)
+MAX_CALLS = 4 * PROBE_GEN  # the whole-step check's calls per run (a canvas takes at most PROBE_GEN)
 PROBES = {
     "dual cache": {"cache": "dual", "block_length": PROBE_BLOCK, "steps": PROBE_GEN},
     "CFG twin": {"cache": "dual", "block_length": PROBE_BLOCK, "steps": PROBE_GEN, "cfg_scale": 1.0},
@@ -70,10 +75,13 @@ class CheckResult:
     error: float = 0.0
     tolerance: float = 0.0
     detail: str = ""
+    reference: str = "its torch reference"
 
     def __str__(self) -> str:
+        if self.detail.startswith("not run"):
+            return f"{self.name}: {self.detail}"
         verdict = "agrees with" if self.ok else "DISAGREES with"
-        return f"{self.name} {verdict} its torch reference: {self.detail}"
+        return f"{self.name} {verdict} {self.reference}: {self.detail}"
 
 
 def relative_error(candidate: torch.Tensor, reference: torch.Tensor) -> float:
@@ -155,25 +163,11 @@ def check_attention(
     graphs = bool(engine_kwargs.get("cuda_graphs"))
     name = f"attention backend {backend.name!r}" + (" with CUDA graphs" if graphs else "")
     tolerance = TOLERANCES.get(dtype, TOLERANCES[torch.float32])
-    block_size = engine_kwargs["block_size"]
     engine = _CheckedEngine(**{**engine_kwargs, "capacity": len(probes)}, reference_backend=TorchAttention())
-    ids = engine.ids
-    special = {ids.mask, ids.eos, ids.eot}
-    tokens = [t for t in range(3, min(vocab_size, 4096)) if t not in special]
-    block = first_block
-    groups: dict[bool, list[str]] = {False: [], True: []}
-    for index, (probe, options) in enumerate(probes.items()):
-        copies = sequence_copies(options)
-        need = -(-copies * (PROBE_PROMPT + options.gen_length) // block_size)
-        if block + need > num_blocks:
-            return CheckResult(name, True, tolerance=tolerance, detail=f"not run: the KV pool has {num_blocks} blocks")
-        prompt = [tokens[(97 * index + 31 * j) % len(tokens)] for j in range(PROBE_PROMPT)]
-        engine.add(probe, prompt, options, seed=index, block_ids=list(range(block, block + need)))
-        block += need
-        groups[copies == 2].append(probe)
-    # A CFG twin's K/V start inside a block: flash-attention sends such steps to
-    # Triton, so the probes without a twin step on their own and reach flash.
-    for group in (g for g in groups.values() if g):
+    groups = _add_probes(engine, probes, vocab_size=vocab_size, num_blocks=num_blocks, first_block=first_block)
+    if groups is None:
+        return CheckResult(name, True, tolerance=tolerance, detail=f"not run: the KV pool has {num_blocks} blocks")
+    for group in groups:
         for _ in range(STEPS_PER_GROUP):
             engine.step(group)
     worst, where = 0.0, ""
@@ -185,6 +179,66 @@ def check_attention(
     detail = (f"max relative error {worst:.2e} at {where}, tolerance {tolerance:.0e} ({dtype}); "
               f"probes: {', '.join(probes)}; steps: {', '.join(phases)}")
     return CheckResult(name, worst <= tolerance, worst, tolerance, detail)
+
+
+def _add_probes(engine: StepEngine, probes: dict, *, vocab_size: int, num_blocks: int,
+                first_block: int) -> list[list[str]] | None:
+    """The probe requests on blocks from `first_block` on, grouped to step together
+    (None: the pool is too small).  A CFG twin's K/V start inside a block:
+    flash-attention sends such steps to Triton, so the probes without a twin step on
+    their own and reach flash."""
+    ids = engine.ids
+    special = {ids.mask, ids.eos, ids.eot}
+    tokens = [t for t in range(3, min(vocab_size, 4096)) if t not in special]
+    block = first_block
+    groups: dict[bool, list[str]] = {False: [], True: []}
+    for index, (probe, options) in enumerate(probes.items()):
+        copies = sequence_copies(options)
+        need = -(-copies * (PROBE_PROMPT + options.gen_length) // engine.block_size)
+        if block + need > num_blocks:
+            return None
+        prompt = [tokens[(97 * index + 31 * j) % len(tokens)] for j in range(PROBE_PROMPT)]
+        engine.add(probe, prompt, options, seed=index, block_ids=list(range(block, block + need)))
+        block += need
+        groups[copies == 2].append(probe)
+    return [group for group in groups.values() if group]
+
+
+def check_step_graphs(engine_kwargs: dict, probes: dict, *, num_blocks: int, vocab_size: int,
+                      first_block: int = 1) -> CheckResult:
+    """Whole-step graphs (engine/step_graphs.py) against the same engine without
+    them: every probe runs its canvas to the end in calls of up to a block's steps,
+    as the scheduler prices them, once each way on the same blocks.  Every call's
+    steps and new tokens must be identical: both run the same kernels on the same
+    inputs, one launched from a graph."""
+    name = "whole-step CUDA graphs"
+    runs, captured = [], 0
+    for graphed in (True, False):
+        engine = StepEngine(**{**engine_kwargs, "capacity": len(probes), "step_graphs": graphed})
+        if graphed and engine.step_graphs is None:
+            return CheckResult(name, True, detail="not run: this engine captures no whole steps")
+        groups = _add_probes(engine, probes, vocab_size=vocab_size, num_blocks=num_blocks, first_block=first_block)
+        if groups is None:
+            return CheckResult(name, True, detail=f"not run: the KV pool has {num_blocks} blocks")
+        calls = []
+        for group in groups:
+            tracks = {p: RequestTrack(probes[p].placed(PROBE_PROMPT), PROBE_PROMPT, blocks=0) for p in group}
+            # A call steps at least once: the bound only stops a graph that would undo them.
+            while (live := [p for p in group if tracks[p].block < tracks[p].num_blocks]) and len(calls) < MAX_CALLS:
+                steps = min(tracks[p].steps_in_call(PROBE_BLOCK) for p in live)
+                phases = [tracks[p].phase() for p in live]
+                out = engine.step(live, [tracks[p].call_tokens(steps) for p in live], steps=steps)
+                calls.append((out.steps, out.new_tokens))
+                for p, phase, progress in zip(live, phases, out.progress):
+                    tracks[p].advance(phase, progress)
+        runs.append(calls)
+        if graphed:
+            captured = len(engine.step_graphs.graphs)
+    graphed, plain = runs
+    differing = sum(a != b for a, b in zip(graphed, plain)) + abs(len(graphed) - len(plain))
+    detail = (f"{differing} of {len(plain)} calls differ in steps or tokens (identical required); "
+              f"{captured} graphs captured; probes: {', '.join(probes)}")
+    return CheckResult(name, differing == 0, float(differing), 0.0, detail, reference="the same engine without them")
 
 
 # Philox inputs at their edges: seeds of both 32-bit halves and the int64 sign bit,
@@ -265,6 +319,17 @@ def run(engine_kwargs: dict, defaults, *, num_blocks: int, vocab_size: int, dtyp
     return keep
 
 
+def run_step_graphs(engine_kwargs: dict, defaults, *, num_blocks: int, vocab_size: int) -> bool:
+    """The whole-step graphs' check (after `run` kept the backend and its graphs):
+    whether the engine keeps them; if not, it serves with Reuse graphs alone (logged)."""
+    result = check_step_graphs(engine_kwargs, probe_options(defaults), num_blocks=num_blocks, vocab_size=vocab_size)
+    if result.ok:
+        logger.info("Self-check: %s", result)
+        return True
+    logger.error("Self-check: %s; serving without whole-step graphs (the Reuse graphs stay)", result)
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     """The check without vLLM, on a random-weight plain-torch model of LLaDA's layout
     (benchmarks/gpu_session.sh check runs it on a lent GPU):
@@ -293,8 +358,10 @@ def main(argv: list[str] | None = None) -> int:
                   device=device, cuda_graphs=device.type == "cuda")
     results = [check_philox(device)] if device.type == "cuda" else []
     if kwargs["backend"].name != "torch":
-        results.append(check_attention(kwargs, probe_options(ServerDefaults.build(LLADA, {}, {})),
-                                       num_blocks=num_blocks, vocab_size=shape.vocab_size, dtype=dtype))
+        probes = probe_options(ServerDefaults.build(LLADA, {}, {}))
+        results.append(check_attention(kwargs, probes, num_blocks=num_blocks, vocab_size=shape.vocab_size,
+                                       dtype=dtype))
+        results.append(check_step_graphs(kwargs, probes, num_blocks=num_blocks, vocab_size=shape.vocab_size))
     for result in results:
         print(result)
     return 0 if all(r.ok for r in results) else 1
