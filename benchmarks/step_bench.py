@@ -17,8 +17,8 @@ context; the LM head + LLaDA rule over N x 32 rows at T = 0 and T = 1; on CUDA, 
 Reuse step of 1 request with CUDA graphs (ours: the engine replaying its captured
 forward; ideal: the whole ideal step captured in one graph); on CUDA, a call's later
 steps (a block's steps after its first, one engine call) of 1 and 4 LLaDA and LLaDA2
-requests, replayed from whole-step graphs against the same engine with Reuse graphs
-alone (`later_steps`: ms per step each way, alternating, and their ratio).
+requests, replayed from whole-step graphs, against the same engine with Reuse graphs
+alone and against one step a call (`later_steps`: ms per step each way, alternating).
 
 LLaDA2 (block-causal) decode step of N requests (16 and 64): each request's active
 block, the last 32 positions of its context, over the cached prefix, through the
@@ -166,13 +166,18 @@ def ours_llada2(model, requests, context, timer, reps, device):
     return ms
 
 
-def later_steps(model, kind: str, requests: int, timer, reps, device, step_graphs: bool) -> float:
-    """ms per step of a call's later steps (a block's steps after its first, in one
-    engine call), CUDA graphs on, with or without whole-step graphs; a block per
-    repetition."""
+# later_steps' ways to run a block's steps after its first: in one call, its later
+# steps from whole-step graphs or with Reuse graphs alone; or one step a call.
+LATER_MODES = ("step_graphs", "reuse_graphs", "one_step_calls")
+
+
+def later_steps(model, kind: str, requests: int, timer, reps, device, mode: str) -> float:
+    """ms per step of a block's steps after its first (CUDA graphs on, `mode` one of
+    LATER_MODES); a block per repetition."""
     gen = BLOCK * (reps + 3)
     context = gen + 256
-    engine = make_engine(model, requests, context, device, cuda_graphs=True, kind=kind, step_graphs=step_graphs)
+    engine = make_engine(model, requests, context, device, cuda_graphs=True, kind=kind,
+                         step_graphs=mode == "step_graphs")
     blocks = -(-context // BLOCK_SIZE)
     ids = []
     for i in range(requests):
@@ -188,7 +193,10 @@ def later_steps(model, kind: str, requests: int, timer, reps, device, step_graph
         engine.step(ids)  # the block's first step (a Refresh)
         timer.sync()
         start = time.perf_counter()
-        ran = engine.step(ids, steps=BLOCK - 1).steps
+        if mode == "one_step_calls":
+            ran = sum(engine.step(ids).steps for _ in range(BLOCK - 1))
+        else:
+            ran = engine.step(ids, steps=BLOCK - 1).steps
         timer.sync()
         if rep >= 2:
             times.append((time.perf_counter() - start) * 1e3 / ran)
@@ -466,9 +474,12 @@ def save(result: dict, out: pathlib.Path) -> str:
               f"| {r['ops_per_call']} ({r['ops_per_call'] / r['call_steps']:.0f}) | {r['sync_ops_per_call']} |"
               for r in result["op_counts"]]
     if result.get("later_steps"):
-        lines += ["", "A call's later steps, ms per step: whole-step graphs against Reuse graphs alone.", "",
-                  "| rule | requests | whole-step graphs ms | Reuse graphs alone ms | ratio |", "|---|---|---|---|---|"]
-        lines += [f"| {r['kind']} | {r['requests']} | {r['step_graphs_ms']} | {r['reuse_graphs_ms']} | {r['ratio']} |"
+        lines += ["", "A block's steps after its first, ms per step: in one call from whole-step graphs, in one "
+                  "call with Reuse graphs alone, one step a call.", "",
+                  "| rule | requests | whole-step graphs | Reuse graphs alone | one step a call | ratio to Reuse "
+                  "graphs alone | ratio to one step a call |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['kind']} | {r['requests']} | {r['step_graphs_ms']} | {r['reuse_graphs_ms']} "
+                  f"| {r['one_step_calls_ms']} | {r['ratio']} | {r['ratio_to_one_step_calls']} |"
                   for r in result["later_steps"]]
     lines += ["", f"Reuse attention, one layer, sparse (retention {SPARSE_RETENTION}) vs dense (dual), "
               f"backend {result['backend']}: median ms of `attend` per layer (one call between two syncs, and per call "
@@ -600,21 +611,24 @@ def main() -> None:
                ours_reuse(model, 1, contexts[0], timer, reps, device, cuda_graphs=True),
                ideal_reuse_graphed(model, 1, contexts[0], timer, reps, device))
     if (device.type == "cuda" or args.smoke) and not args.only_sparse and not args.candidate_rows:
-        # Whole-step graphs against the same engine with Reuse graphs alone,
-        # alternating sides, twice each: the medians of their medians.  A block a
-        # repetition: 5 of them (each a median over a block's 31 later steps).  On a
-        # CPU (--smoke only) there are no graphs: both sides run step by step.
+        # Whole-step graphs against the same engine with Reuse graphs alone and
+        # against one step a call (k = 1), alternating, twice each: the medians of
+        # their medians.  A block a repetition: 5 of them (each a block's 31 steps
+        # after its first).  On a CPU (--smoke only) there are no graphs.
         for kind in ("llada", "llada2"):
             for requests in (1, 4):
-                runs = {True: [], False: []}
-                for graphed in (False, True, False, True):
-                    runs[graphed].append(later_steps(model, kind, requests, timer, min(reps, 5), device, graphed))
-                with_, without = statistics.median(runs[True]), statistics.median(runs[False])
-                result["later_steps"].append({"kind": kind, "requests": requests, "step_graphs_ms": round(with_, 3),
-                                              "reuse_graphs_ms": round(without, 3),
-                                              "ratio": round(with_ / without, 3)})
-                print(f"later steps {kind} x {requests}: whole-step graphs {with_:.3f} ms/step, "
-                      f"Reuse graphs alone {without:.3f}, ratio {with_ / without:.3f}", flush=True)
+                runs = {mode: [] for mode in LATER_MODES}
+                for _ in range(2):
+                    for mode in LATER_MODES:
+                        runs[mode].append(later_steps(model, kind, requests, timer, min(reps, 5), device, mode))
+                ms = {mode: round(statistics.median(runs[mode]), 3) for mode in LATER_MODES}
+                row = {"kind": kind, "requests": requests, **{f"{mode}_ms": ms[mode] for mode in LATER_MODES},
+                       "ratio": round(ms["step_graphs"] / ms["reuse_graphs"], 3),
+                       "ratio_to_one_step_calls": round(ms["step_graphs"] / ms["one_step_calls"], 3)}
+                result["later_steps"].append(row)
+                print(f"later steps {kind} x {requests}, ms/step: whole-step graphs {ms['step_graphs']:.3f}, "
+                      f"Reuse graphs alone {ms['reuse_graphs']:.3f}, one step a call {ms['one_step_calls']:.3f}",
+                      flush=True)
                 save(result, args.out)
     for temperature in () if args.only_sparse else (0.0, 1.0):
         record(f"head_T{temperature:g}", head_requests, BLOCK,
