@@ -80,7 +80,10 @@ def test_graphed_later_steps_stream_the_tokens_of_eager_steps(options, prompt_le
     eager = eager_engine(kind)
     expected = drive(eager, add_requests(eager, 3, options, prompt_len=prompt_len), options, prompt_len, 8)
     assert got == expected
-    assert capture.captures >= 1 and capture.replays > capture.captures  # later calls replayed the graphs
+    # One whole-step graph, captured once (the rest are the forward's Reuse graphs),
+    # and replayed by the later calls.
+    assert len(engine.step_graphs.graphs) == 1
+    assert capture.captures == 1 + len(engine.graphs.graphs) and capture.replays > capture.captures
     assert capture.syncs == 0
 
 
@@ -147,6 +150,28 @@ def test_a_graphed_call_syncs_once_a_step_after_the_first():
         out = engine.step(ids, steps=7)
     assert out.steps == 7
     assert counter.syncs == out.steps - 1
+
+
+def test_a_table_widened_at_admission_drops_the_graphs_that_read_it():
+    """Dream widens its per-slot table of unmasking fractions when a request with
+    more steps per block arrives: graphs captured before read the old table (freed,
+    and narrower), so they are dropped and captured again."""
+    def run(engine):
+        out = []
+        engine.add("a", [3 + j for j in range(12)], dataclasses.replace(dream(), steps=16), seed=0,
+                   block_ids=list(range(1, 9)))  # 4 steps per block
+        engine.step(["a"])
+        out.append(engine.step(["a"], steps=3).new_tokens)  # captures
+        engine.add("b", [5 + j for j in range(12)], dream(), seed=1, block_ids=list(range(9, 17)))  # 8 a block
+        for _ in range(2):
+            engine.step(["a"])
+            out.append(engine.step(["a"], steps=3).new_tokens)
+        return out
+
+    engine, capture = graphed_engine("dream")
+    assert run(engine) == run(eager_engine("dream"))
+    assert capture.captures - len(engine.graphs.graphs) == 2  # whole-step graphs: before and after
+    assert len(engine.step_graphs.graphs) == 1
 
 
 class WarmedCapture(CountedCapture):

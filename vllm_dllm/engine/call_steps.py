@@ -111,7 +111,7 @@ class LaterSteps:
         length = self.rule.window_fit(slots_host, self._window_rows(later.has_twins))
         return self.step_graphs.key(
             forward_key, len(slots_host), width, length, (later.has_twins, plain_facts(self.rule.slot_holders())),
-            inputs, self.decode.capacity,
+            inputs, (self.decode, *self.rule.slot_holders()),
         )
 
     def _graphed_step(self, slots_host, slots, width: int, bases, later: BatchLayout, hidden):

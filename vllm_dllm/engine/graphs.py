@@ -57,16 +57,25 @@ def capture_cuda_graph(
     it an all-reduce outside a capture returns garbage."""
     # Warm-up on a side stream (Triton compiles, cuBLAS picks its kernels and
     # allocates its workspace), as torch's graph capture requires.
+    current = torch.cuda.current_stream()
     stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
+    stream.wait_stream(current)
+    try:
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                fn()
+    finally:  # what the warm-up queued comes before anything after it, failed or not
+        current.wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with capture_context() if capture_context is not None else contextlib.nullcontext():
-        with torch.cuda.graph(graph, pool=pool):
-            output = fn()
+    try:
+        with capture_context() if capture_context is not None else contextlib.nullcontext():
+            with torch.cuda.graph(graph, pool=pool):
+                output = fn()
+    except BaseException:
+        # A capture that failed may leave its own stream current: eager work after
+        # it must run where it did before.
+        torch.cuda.set_stream(current)
+        raise
     return graph.replay, output
 
 

@@ -14,9 +14,9 @@ What a replay reads and writes:
     path;
   * each row's token source, the requests' slots and their row bases: static buffers
     loaded at a call's first later step;
-  * the per-slot state of the rule and the canvases, read and written in place.  A
-    batch that grows its slots allocates that state anew, so graphs keyed on the old
-    capacity are dropped.
+  * the state of the rule and the canvases, read and written in place.  A batch
+    that grows its slots, or a rule that widens a table at admission, allocates
+    tensors anew: every graph is then dropped (state_tensors).
 
 Frozen at capture, and so in the key: the number of requests, the canvas width, the
 windows' length, the rule's batch-level facts (`plain_facts`: what `prepare` and
@@ -32,6 +32,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from vllm_dllm.engine.graphs import MAX_GRAPHS, ForwardGraph, ReuseGraphs
@@ -54,12 +55,23 @@ def plain_facts(holders) -> tuple:
     facts = []
     for index, holder in enumerate(holders):
         for name, value in sorted(vars(holder).items()):
+            if isinstance(value, np.generic):  # a numpy scalar is a plain value too
+                value = value.item()
             if isinstance(value, (list, tuple)) and all(isinstance(v, _PLAIN) for v in value):
                 value = tuple(value)
             elif not isinstance(value, _PLAIN):
                 continue
             facts.append((index, name, value))
     return tuple(facts)
+
+
+def state_tensors(holders) -> tuple:
+    """(holder, name, storage address, shape) of every tensor the holders keep: a
+    graph reads them by address, so one that is allocated anew (slots grown, a
+    table widened at admission) makes every graph stale."""
+    return tuple((index, name, value.data_ptr(), tuple(value.shape))
+                 for index, holder in enumerate(holders) for name, value in sorted(vars(holder).items())
+                 if isinstance(value, torch.Tensor))
 
 
 def slot_state(holders, capacity: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -97,21 +109,23 @@ class StepGraphs:
         self.forwards = forwards
         self.max_requests = max_requests
         self.graphs: dict[tuple, _StepGraph] = {}
-        self._capacity = None
+        self._state: tuple = ()
         self._warned_full = False
 
     def key(self, forward_key, num_requests: int, width: int, window: int, facts: tuple, inputs,
-            capacity: int) -> tuple | None:
-        """The key of a later step that can replay a whole-step graph, else None."""
+            holders) -> tuple | None:
+        """The key of a later step that can replay a whole-step graph, else None.
+        `holders`: what keeps the state a step reads and writes (state_tensors)."""
         if forward_key is None or not window or num_requests > self.max_requests or inputs.token_source is None:
             return None
         if inputs.row_rebuild is not None or inputs.metadata.cache_fill is not None:
             return None
-        if capacity != self._capacity:  # new per-slot tensors: the old graphs read freed ones
+        state = state_tensors(holders)
+        if state != self._state:  # tensors allocated anew: the old graphs read freed ones
             self.graphs.clear()
-            self._capacity = capacity
+            self._state = state
         shapes = tuple(tuple(t.shape) for t in inputs.token_source)
-        key = (capacity, forward_key, num_requests, width, window, facts, shapes)
+        key = (holders[0].capacity, forward_key, num_requests, width, window, facts, shapes)
         if key not in self.graphs and len(self.graphs) >= MAX_GRAPHS:
             if not self._warned_full:
                 logger.warning("%d whole-step graphs captured; further shapes run step by step", MAX_GRAPHS)
@@ -166,6 +180,8 @@ class StepGraphs:
             self.max_requests = 0
             return False
         finally:
+            if canvas.is_cuda:  # a warm-up's kernels may still be queued on its stream
+                torch.cuda.synchronize()
             for value, copy in kept:
                 value.copy_(copy)
         self.graphs[key] = graph
