@@ -105,10 +105,12 @@ class LaterSteps:
         LM head over whole windows, with nothing recorded per row on the way."""
         if self.step_graphs is None or self._call_logprobs_k is not None or self._call_smooths:
             return None
-        forward_key = None
-        if later.fill is None:
-            forward_key = self.graphs.key(later.sequences.num_queries, later.refresh, inputs.metadata.has_kv_offset)
+        if len(slots_host) > self.step_graphs.max_requests or later.fill is not None:
+            return None
+        forward_key = self.graphs.key(later.sequences.num_queries, later.refresh, inputs.metadata.has_kv_offset)
         length = self.rule.window_fit(slots_host, self._window_rows(later.has_twins))
+        if forward_key is None or not length:  # before the facts are gathered
+            return None
         return self.step_graphs.key(
             forward_key, len(slots_host), width, length, (later.has_twins, plain_facts(self.rule.slot_holders())),
             inputs, (self.decode, *self.rule.slot_holders()),
