@@ -267,3 +267,14 @@ def test_a_capture_context_surrounds_the_capture_but_not_the_warm_up(monkeypatch
         "enter tp capture", "enter graph", "forward", "exit graph", "exit tp capture",
         "replay",
     ]
+
+
+def test_a_full_set_of_graphs_takes_no_new_shape_and_says_so_once(caplog):
+    owner = SimpleNamespace(graphs={key: None for key in range(graphs_module.MAX_GRAPHS)}, _warned_full=False)
+    assert graphs_module.has_room(owner, 3, "graphs captured")  # a shape it holds replays
+    with caplog.at_level("WARNING"):
+        assert not graphs_module.has_room(owner, "new", "graphs captured; further shapes run eagerly")
+        assert not graphs_module.has_room(owner, "newer", "graphs captured; further shapes run eagerly")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{graphs_module.MAX_GRAPHS} graphs captured; further shapes run eagerly"]
+    assert graphs_module.has_room(SimpleNamespace(graphs={}, _warned_full=False), "new", "")

@@ -79,6 +79,17 @@ def capture_cuda_graph(
     return graph.replay, output
 
 
+def has_room(owner, key, full: str) -> bool:
+    """Whether `owner.graphs` holds `key` or has room for it (MAX_GRAPHS); the first
+    time it has none, logs that it is `full`."""
+    if key in owner.graphs or len(owner.graphs) < MAX_GRAPHS:
+        return True
+    if not owner._warned_full:
+        logger.warning("%d %s", MAX_GRAPHS, full)
+        owner._warned_full = True
+    return False
+
+
 def seq_bucket(num_seqs: int, max_seqs: int) -> int | None:
     """The smallest power of two >= num_seqs, or None above max_seqs."""
     bucket = 1 << max(0, (num_seqs - 1).bit_length())
@@ -163,12 +174,7 @@ class ReuseGraphs:
         if bucket is None:
             return None
         key = (bucket, q, bool(has_kv_offset))
-        if key not in self.graphs and len(self.graphs) >= MAX_GRAPHS:
-            if not self._warned_full:
-                logger.warning("%d Reuse graphs captured; further shapes run eagerly", MAX_GRAPHS)
-                self._warned_full = True
-            return None
-        return key
+        return key if has_room(self, key, "Reuse graphs captured; further shapes run eagerly") else None
 
     @torch.inference_mode()
     def forward(self, key: tuple[int, int, bool], input_ids: torch.Tensor, positions: torch.Tensor,

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from vllm_dllm.engine.graphs import MAX_GRAPHS, ForwardGraph, ReuseGraphs
+from vllm_dllm.engine.graphs import ForwardGraph, ReuseGraphs, has_room
 
 logger = logging.getLogger(__name__)
 
@@ -126,12 +126,7 @@ class StepGraphs:
             self._state = state
         shapes = tuple(tuple(t.shape) for t in inputs.token_source)
         key = (holders[0].capacity, forward_key, num_requests, width, window, facts, shapes)
-        if key not in self.graphs and len(self.graphs) >= MAX_GRAPHS:
-            if not self._warned_full:
-                logger.warning("%d whole-step graphs captured; further shapes run step by step", MAX_GRAPHS)
-                self._warned_full = True
-            return None
-        return key
+        return key if has_room(self, key, "whole-step graphs captured; further shapes run step by step") else None
 
     @torch.inference_mode()
     def run(self, key: tuple, inputs, slots: torch.Tensor, bases: torch.Tensor, canvas: torch.Tensor,
