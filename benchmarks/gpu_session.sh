@@ -6,8 +6,9 @@
 #   bash benchmarks/gpu_session.sh check   # ~1 min: step_bench at toy sizes on CUDA
 #                                          #  (every case and branch), then the Triton
 #                                          #  kernels compiled, against their torch references,
-#                                          #  the start-up self-check (worker/self_check.py)
-#                                          #  and the vocabulary-parallel rules on CUDA
+#                                          #  the start-up self-check (worker/self_check.py),
+#                                          #  the vocabulary-parallel rules and whole-step
+#                                          #  CUDA graphs (tests/unit/test_step_graphs.py)
 #   bash benchmarks/gpu_session.sh bench   # the LLaDA-8B-shaped step_bench (bf16), with candidate
 #                                          #  windows (and whole-step graphs against Reuse graphs
 #                                          #  alone) and with listed candidates, ~6 min
@@ -42,8 +43,9 @@ check)
         "$py" -m vllm_dllm.worker.self_check --dtype $dtype 2>&1 | tee -a "$out/self-check.log"
     done
     "$py" -m pytest -q -p no:cacheprovider tests/benchmarks/test_step_bench.py tests/unit/test_triton_attention.py \
-        tests/unit/test_vocab_parallel.py \
-        tests/unit/test_philox.py 2>&1 | tee "$out/triton-tests.log"
+        tests/unit/test_vocab_parallel.py tests/unit/test_philox.py \
+        tests/unit/test_step_graphs.py::test_real_cuda_graphs_stream_the_tokens_of_reuse_graphs_alone \
+        2>&1 | tee "$out/triton-tests.log"
     fi
     ;;
 bench)

@@ -246,3 +246,38 @@ def test_a_failed_capture_leaves_later_steps_step_by_step(error):
     eager = eager_engine()
     assert got == drive(eager, add_requests(eager, 2, options, prompt_len=12), options, 12, 8)
     assert not engine.step_graphs.graphs and engine.graphs.graphs  # the forward graphs stay
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="a real CUDA graph needs a CUDA device; the same cases ran above with the tape capture")
+def test_real_cuda_graphs_stream_the_tokens_of_reuse_graphs_alone():
+    """On a GPU (benchmarks/gpu_session.sh check): torch.cuda.graph captures, the
+    device's attention backend, every graphed case against the same engine with
+    Reuse graphs alone (the same forward kernels, the rule eager)."""
+    from vllm_dllm.attention.backends import select_backend
+    from vllm_dllm.engine.engine import StepEngine
+    from vllm_dllm.engine.torch_model import build_model
+    from tests.unit.test_step_engine import BLOCK_SIZE, IDS, SHAPE
+
+    device = torch.device("cuda")
+
+    def cuda_engine(kind, step_graphs):
+        model = build_model(SHAPE, torch.float32, device, seed=0)
+        model.allocate_kv_pool(num_blocks=512, block_size=BLOCK_SIZE, dtype=torch.float32, device=device)
+        return StepEngine(model, kind=kind, ids=IDS, capacity=16, max_model_len=128, block_size=BLOCK_SIZE,
+                          max_num_logits=1024, backend=select_backend(device), device=device, cuda_graphs=True,
+                          max_graph_seqs=8, step_graphs=step_graphs)
+
+    failures = []
+    for case in GRAPHED:
+        options, prompt_len = case.values
+        runs = {}
+        for step_graphs in (True, False):
+            engine = cuda_engine(kind_of(options), step_graphs)
+            runs[step_graphs] = drive(engine, add_requests(engine, 3, options, prompt_len=prompt_len), options,
+                                      prompt_len, 8)
+            if step_graphs and (engine.step_graphs is None or not engine.step_graphs.graphs):
+                failures.append(f"{case.id}: no whole step captured")
+        if runs[True] != runs[False]:
+            failures.append(f"{case.id}: tokens differ")
+    assert not failures, failures
