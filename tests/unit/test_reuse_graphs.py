@@ -111,8 +111,16 @@ class TapeCapture:
                     raise TapeCapture.FreedInput("the captured forward reads a tensor freed after capture")
             return value
 
+        replays = []
+
         def replay():
-            gc.collect()
+            # A tensor in a reference cycle is freed only when the collector runs:
+            # collect before the first replay (the capture's temporaries) and every
+            # 8th after it (what later calls drop), not before each (a tenth of a
+            # second apiece).
+            if len(replays) % 8 == 0:
+                gc.collect()
+            replays.append(None)
             for func, args, kwargs, out in ops:
                 args, kwargs = tree_map(resolve, args), tree_map(resolve, kwargs)
                 result = func(*args, **kwargs)
