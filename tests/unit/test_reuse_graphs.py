@@ -31,6 +31,8 @@ class PagedReference:
     graph_safe = True
 
     def attend(self, q, k, v, cache, meta, scale):
+        if cache is None:  # in flight (a sparse Refresh): eager only, the reference's own path
+            return TorchAttention().attend(q, k, v, cache, meta, scale)
         write_kv(cache, k, v, meta.query_slots)
         bs = cache.shape[1]
         columns = torch.arange(meta.block_table.shape[1] * bs)

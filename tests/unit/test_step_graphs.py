@@ -65,6 +65,7 @@ GRAPHED = [
                  id="llada-entropy-bound"),
     pytest.param(dataclasses.replace(llada(cache="dual"), decoding="hierarchy", threshold=0.5, low_threshold=0.1),
                  12, id="llada-hierarchy"),
+    pytest.param(dataclasses.replace(llada(cache="sparse"), retention=0.3), 12, id="llada-sparse"),
     pytest.param(dream(), 12, id="dream-dual"),
     pytest.param(llada2(), 13, id="llada2"),
     pytest.param(llada2(editing=0.5), 13, id="llada2-editing"),
