@@ -10,8 +10,8 @@
 #                                          #  the vocabulary-parallel rules and whole-step
 #                                          #  CUDA graphs (tests/unit/test_step_graphs.py)
 #   bash benchmarks/gpu_session.sh bench   # the LLaDA-8B-shaped step_bench (bf16), with candidate
-#                                          #  windows (and whole-step graphs against Reuse graphs
-#                                          #  alone) and with listed candidates, ~6 min
+#                                          #  windows and with listed candidates, then
+#                                          #  later_steps.py (whole-step graphs), ~6 min
 #   bash benchmarks/gpu_session.sh profile # where the step's time goes (profile_step.py) and
 #                                          #  the Triton KV-tile sweep (triton_tile_sweep.py), ~3 min
 #
@@ -50,6 +50,8 @@ check)
     ;;
 bench)
     "$py" benchmarks/step_bench.py --out "$out/step-gpu" 2>&1 | tee "$out/step-gpu.log"
+    # A call's later steps: whole-step graphs, Reuse graphs alone, one step a call.
+    "$py" benchmarks/later_steps.py --out "$out/later-steps" 2>&1 | tee "$out/later-steps.log"
     # The same with each step's candidates listed (a sync before the LM head) instead
     # of CUDA's default candidate windows: the reuse and llada2_step rows side by side.
     "$py" benchmarks/step_bench.py --candidate-rows --out "$out/step-gpu-candidate-rows" 2>&1 \

@@ -15,10 +15,8 @@ and 16 requests (the step's cost must not grow with per-request Python).
 Cases: Refresh of one sequence; Reuse steps (32-query blocks) of N requests over a
 context; the LM head + LLaDA rule over N x 32 rows at T = 0 and T = 1; on CUDA, a
 Reuse step of 1 request with CUDA graphs (ours: the engine replaying its captured
-forward; ideal: the whole ideal step captured in one graph); on CUDA, a call's later
-steps (a block's steps after its first, one engine call) of 1 and 4 LLaDA and LLaDA2
-requests, replayed from whole-step graphs, against the same engine with Reuse graphs
-alone and against one step a call (`later_steps`: ms per step each way, alternating).
+forward; ideal: the whole ideal step captured in one graph).  What whole-step graphs
+save in a call's later steps is benchmarks/later_steps.py's.
 
 LLaDA2 (block-causal) decode step of N requests (16 and 64): each request's active
 block, the last 32 positions of its context, over the cached prefix, through the
@@ -164,44 +162,6 @@ def ours_llada2(model, requests, context, timer, reps, device):
     ms = timer.median_ms(lambda: engine.step(ids), reps)
     release(model)
     return ms
-
-
-# later_steps' ways to run a block's steps after its first: in one call, its later
-# steps from whole-step graphs or with Reuse graphs alone; or one step a call.
-LATER_MODES = ("step_graphs", "reuse_graphs", "one_step_calls")
-
-
-def later_steps(model, kind: str, requests: int, timer, reps, device, mode: str) -> float:
-    """ms per step of a block's steps after its first (CUDA graphs on, `mode` one of
-    LATER_MODES); a block per repetition."""
-    gen = BLOCK * (reps + 3)
-    context = gen + 256
-    engine = make_engine(model, requests, context, device, cuda_graphs=True, kind=kind,
-                         step_graphs=mode == "step_graphs")
-    blocks = -(-context // BLOCK_SIZE)
-    ids = []
-    for i in range(requests):
-        opts = (LLaDA2Options(max_tokens=gen, block_length=BLOCK, steps=BLOCK, threshold=1.0, minimal_topk=1,
-                              eos_early_stop=False, editing_threshold=None, max_post_steps=16, num_to_transfer=1,
-                              temperature=0.0, top_k=None, top_p=None)
-                if kind == "llada2" else options(gen, "dual"))
-        engine.add(f"r{i}", [(17 * i + j) % 1000 + 10 for j in range(256)], opts, seed=i,
-                   block_ids=list(range(1 + i * blocks, 1 + (i + 1) * blocks)))
-        ids.append(f"r{i}")
-    times = []
-    for rep in range(reps + 2):  # two blocks of warm-up: the captures
-        engine.step(ids)  # the block's first step (a Refresh)
-        timer.sync()
-        start = time.perf_counter()
-        if mode == "one_step_calls":
-            ran = sum(engine.step(ids).steps for _ in range(BLOCK - 1))
-        else:
-            ran = engine.step(ids, steps=BLOCK - 1).steps
-        timer.sync()
-        if rep >= 2:
-            times.append((time.perf_counter() - start) * 1e3 / ran)
-    release(model)
-    return statistics.median(times)
 
 
 def release(model) -> None:
@@ -473,14 +433,6 @@ def save(result: dict, out: pathlib.Path) -> str:
               f"| {r['call_steps']} "
               f"| {r['ops_per_call']} ({r['ops_per_call'] / r['call_steps']:.0f}) | {r['sync_ops_per_call']} |"
               for r in result["op_counts"]]
-    if result.get("later_steps"):
-        lines += ["", "A block's steps after its first, ms per step: in one call from whole-step graphs, in one "
-                  "call with Reuse graphs alone, one step a call.", "",
-                  "| rule | requests | whole-step graphs | Reuse graphs alone | one step a call | ratio to Reuse "
-                  "graphs alone | ratio to one step a call |", "|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['kind']} | {r['requests']} | {r['step_graphs_ms']} | {r['reuse_graphs_ms']} "
-                  f"| {r['one_step_calls_ms']} | {r['ratio']} | {r['ratio_to_one_step_calls']} |"
-                  for r in result["later_steps"]]
     lines += ["", f"Reuse attention, one layer, sparse (retention {SPARSE_RETENTION}) vs dense (dual), "
               f"backend {result['backend']}: median ms of `attend` per layer (one call between two syncs, and per call "
               f"of {STREAM} back to back, as a step's layers run), of build_step_inputs per step, "
@@ -547,7 +499,6 @@ def main() -> None:
         "cases": [],
         "sparse_reuse_attention": [],
         "op_counts": [],
-        "later_steps": [],
         "candidate_rows": args.candidate_rows,
     }
     cases, sparse_cases = result["cases"], result["sparse_reuse_attention"]
@@ -610,26 +561,6 @@ def main() -> None:
         record("reuse_graphed", 1, contexts[0],
                ours_reuse(model, 1, contexts[0], timer, reps, device, cuda_graphs=True),
                ideal_reuse_graphed(model, 1, contexts[0], timer, reps, device))
-    if (device.type == "cuda" or args.smoke) and not args.only_sparse and not args.candidate_rows:
-        # Whole-step graphs against the same engine with Reuse graphs alone and
-        # against one step a call (k = 1), alternating, twice each: the medians of
-        # their medians.  A block a repetition: 5 of them (each a block's 31 steps
-        # after its first).  On a CPU (--smoke only) there are no graphs.
-        for kind in ("llada", "llada2"):
-            for requests in (1, 4):
-                runs = {mode: [] for mode in LATER_MODES}
-                for _ in range(2):
-                    for mode in LATER_MODES:
-                        runs[mode].append(later_steps(model, kind, requests, timer, min(reps, 5), device, mode))
-                ms = {mode: round(statistics.median(runs[mode]), 3) for mode in LATER_MODES}
-                row = {"kind": kind, "requests": requests, **{f"{mode}_ms": ms[mode] for mode in LATER_MODES},
-                       "ratio": round(ms["step_graphs"] / ms["reuse_graphs"], 3),
-                       "ratio_to_one_step_calls": round(ms["step_graphs"] / ms["one_step_calls"], 3)}
-                result["later_steps"].append(row)
-                print(f"later steps {kind} x {requests}, ms/step: whole-step graphs {ms['step_graphs']:.3f}, "
-                      f"Reuse graphs alone {ms['reuse_graphs']:.3f}, one step a call {ms['one_step_calls']:.3f}",
-                      flush=True)
-                save(result, args.out)
     for temperature in () if args.only_sparse else (0.0, 1.0):
         record(f"head_T{temperature:g}", head_requests, BLOCK,
                ours_head(model, head_requests, temperature, timer, reps, device),

@@ -52,13 +52,18 @@ def test_step_bench_runs_every_case_without_vllm(tmp_path):
         assert len({(r["call_steps"], r["ops_per_call"]) for r in counts}) == 1
         assert counts[0]["call_steps"] > 1
         assert counts[0]["sync_ops_per_call"] <= 2 * counts[0]["call_steps"]
-    later = {(r["kind"], r["requests"]) for r in result["later_steps"]}
-    assert later == {("llada", 1), ("llada", 4), ("llada2", 1), ("llada2", 4)}
-    assert all(r[f"{mode}_ms"] > 0 for r in result["later_steps"]
-               for mode in ("step_graphs", "reuse_graphs", "one_step_calls"))
     sparse = result["sparse_reuse_attention"]
     assert sparse and sparse[0]["sparse"]["seq_len"] < sparse[0]["dense"]["seq_len"]
     assert (tmp_path / "table.md").read_text().startswith("Device: ")
+
+
+def test_later_steps_runs_every_way_without_vllm(tmp_path):
+    """benchmarks/later_steps.py (run on GPU machines): every rule, size and way."""
+    run_without_vllm("later_steps.py", "--smoke", "--out", str(tmp_path))
+    rows = json.loads((tmp_path / "results.json").read_text())["later_steps"]
+    assert {(r["kind"], r["requests"]) for r in rows} == {("llada", 1), ("llada", 4), ("llada2", 1), ("llada2", 4)}
+    assert all(r[f"{mode}_ms"] > 0 for r in rows for mode in ("step_graphs", "reuse_graphs", "one_step_calls"))
+    assert "| whole-step graphs |" in (tmp_path / "table.md").read_text()
 
 
 def test_profile_step_runs_without_vllm(tmp_path):

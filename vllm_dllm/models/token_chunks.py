@@ -61,22 +61,19 @@ def chunked_rows(x: torch.Tensor, max_rows: int | None, project: Callable[[torch
 
 
 class ChunkedRows:
-    """Mixed into a module whose step holds `activation_width()` elements of
-    activation per row (in the dtype vLLM built it in, read by `keep_dtype()` in its
-    __init__): `limit_activation` sets the rows a chunk may hold within the step's
+    """Mixed into a module whose step holds `row_elements` elements of activation per
+    row (in the dtype vLLM built it in), both recorded by `chunk_rows` in its
+    __init__: `limit_activation` sets the rows a chunk may hold within the step's
     budget, and `forward` runs `chunked_rows(x, self.max_rows, ...)`."""
 
     max_rows: int | None = None  # None: every step runs whole
 
-    def keep_dtype(self) -> None:
+    def chunk_rows(self, row_elements: int) -> None:
+        self.row_elements = row_elements
         self.activation_bytes = torch.get_default_dtype().itemsize
 
-    def activation_width(self) -> int:
-        """Activation elements one row holds in a step (each module using the mixin says)."""
-        raise NotImplementedError(f"{type(self).__name__} does not say its activation width per row")
-
     def limit_activation(self, budget_bytes: int) -> None:
-        self.max_rows = rows_within(budget_bytes, self.activation_width() * self.activation_bytes)
+        self.max_rows = rows_within(budget_bytes, self.row_elements * self.activation_bytes)
 
 
 class RoutedRows(ChunkedRows):
@@ -85,11 +82,7 @@ class RoutedRows(ChunkedRows):
     holds less)."""
 
     def routed_rows(self, top_k: int, expert_width: int) -> None:
-        self.top_k, self.expert_width = top_k, expert_width
-        self.keep_dtype()
-
-    def activation_width(self) -> int:
-        return 3 * self.top_k * self.expert_width
+        self.chunk_rows(3 * top_k * expert_width)
 
 
 def limit_activations(model: nn.Module, budget_bytes: int) -> int:

@@ -123,11 +123,9 @@ class GatedMLP(ChunkedRows, nn.Module):
             prefix=f"{prefix}.down_proj",
         )
         self.act = SiluAndMul()
-        self.keep_dtype()  # rows per FFN chunk: models/token_chunks.py
-
-    def activation_width(self) -> int:
-        """Gate and up, then their activation: three times this rank's intermediate width."""
-        return 3 * self.down_proj.input_size_per_partition
+        # Rows per FFN chunk (models/token_chunks.py): a row holds gate and up, then
+        # their activation, three times this rank's intermediate width.
+        self.chunk_rows(3 * self.down_proj.input_size_per_partition)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return chunked_rows(x, self.max_rows, self._project)
