@@ -24,9 +24,9 @@ import time
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from step_bench import BLOCK, BLOCK_SIZE, LLADA_8B, TOY, Timer, build_model, make_engine, options, release  # noqa: E402
-
-from vllm_dllm.options import LLaDA2Options  # noqa: E402
+from step_bench import (  # noqa: E402
+    BLOCK, BLOCK_SIZE, LLADA_8B, TOY, Timer, build_model, llada2_options, make_engine, options, release,
+)
 
 PROMPT = 256
 MODES = ("step_graphs", "reuse_graphs", "one_step_calls")
@@ -41,10 +41,7 @@ def later_steps(model, kind: str, requests: int, timer: Timer, reps: int, device
     blocks = -(-context // BLOCK_SIZE)
     ids = []
     for i in range(requests):
-        opts = (LLaDA2Options(max_tokens=gen, block_length=BLOCK, steps=BLOCK, threshold=1.0, minimal_topk=1,
-                              eos_early_stop=False, editing_threshold=None, max_post_steps=16, num_to_transfer=1,
-                              temperature=0.0, top_k=None, top_p=None)
-                if kind == "llada2" else options(gen, "dual"))
+        opts = llada2_options(gen) if kind == "llada2" else options(gen, "dual")
         engine.add(f"r{i}", [(17 * i + j) % 1000 + 10 for j in range(PROMPT)], opts, seed=i,
                    block_ids=list(range(1 + i * blocks, 1 + (i + 1) * blocks)))
         ids.append(f"r{i}")

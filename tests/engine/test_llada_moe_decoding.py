@@ -37,7 +37,9 @@ def served(tiny_dirs):
 
 
 def _routed_chunk_rows(worker) -> list:
-    return [m.max_rows for m in worker.model_runner.model.modules() if hasattr(m, "top_k") and hasattr(m, "max_rows")]
+    from vllm_dllm.models.token_chunks import RoutedRows
+
+    return [m.max_rows for m in worker.model_runner.model.modules() if isinstance(m, RoutedRows)]
 
 
 def test_refresh_steps_run_their_routed_experts_in_chunks(served):
