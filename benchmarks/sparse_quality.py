@@ -14,10 +14,11 @@ uses steps = canvas length (one token per step) and the same blocks per task:
   sparse r s      cache sparse, retention r, selection s (head: every KV head keeps
                   its own top-k context positions; uniform: one set shared by all
                   heads); delay_step 1, the selection's own pool_kernel (head 1,
-                  uniform 3; --pool-kernels sets one for both), positions scored by their
-                  largest logit with the block's queries (scoring max, the default)
-  sparse r s mean the same scored by the mean query (scoring mean); uniform mean is
-                  Sparse-dLLM's own method
+                  uniform 3; --pool-kernels sets one for both) and scoring (head: the
+                  largest attention weight a block query gives a position, weight;
+                  uniform: its largest logit, max)
+  sparse r s X    the same scored by X (--scorings): max, weight, or mean (the mean
+                  query's logit); uniform mean is Sparse-dLLM's own method
 
 Writes results.json (one row per setting and task), results.md (accuracy [95% Wilson
 interval] per setting and task, and a computed check: head vs uniform per retention
@@ -38,10 +39,11 @@ from task_sweep import BLOCKS, add_task_arguments, run_points, save_task_figure,
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
 from lab.tasks import TASKS  # noqa: E402
+from vllm_dllm.options.common import SCORINGS as DEFAULT_SCORINGS  # noqa: E402
 
 RETENTIONS = (0.1, 0.2, 0.3, 0.5, 1.0)
 SELECTIONS = ("head", "uniform")
-SCORINGS = ("max", "mean")
+SCORINGS = ("default", "mean")  # default: each selection's own
 DENSE = {
     "exact": None,
     "dual": {"cache": "dual"},
@@ -49,18 +51,22 @@ DENSE = {
 }
 
 
-def settings(retentions, selections, scorings, delays=(1,), pools=(0,)) -> list[tuple[dict, dict | None]]:
+def settings(retentions, selections, scorings, delays=(1,), pools=(0,), references=tuple(DENSE)
+             ) -> list[tuple[dict, dict | None]]:
     """(labels, options) per setting; options None is exact decoding (no xargs)."""
-    out = [({"policy": name, "retention": None, "selection": None, "scoring": None}, opts)
-           for name, opts in DENSE.items()]
+    out = [({"policy": name, "retention": None, "selection": None, "scoring": None}, DENSE[name])
+           for name in references]
     for delay, pool in ((d, k) for d in delays for k in pools):
         for scoring in scorings:
             for r in retentions:
-                if scoring != "max" and r == 1.0:
+                if scoring != "default" and r == 1.0:
                     continue  # everything is kept: the scoring cannot matter
                 for s in selections:
-                    labels = {"policy": "sparse", "retention": r, "selection": s, "scoring": scoring}
-                    options = {"cache": "sparse", "retention": r, "selection": s, "scoring": scoring}
+                    labels = {"policy": "sparse", "retention": r, "selection": s,
+                              "scoring": DEFAULT_SCORINGS[s] if scoring == "default" else scoring}
+                    options = {"cache": "sparse", "retention": r, "selection": s}
+                    if scoring != "default":
+                        options["scoring"] = scoring
                     if delay != 1:  # 1 is sparse's default
                         labels["delay_step"] = options["delay_step"] = delay
                     if pool:  # 0: the selection's default pool_kernel
@@ -70,7 +76,12 @@ def settings(retentions, selections, scorings, delays=(1,), pools=(0,)) -> list[
 
 
 def default_knobs(row: dict) -> bool:
+    """The selection's own delay and pooling (any scoring)."""
     return row.get("delay_step", 1) == 1 and "pool_kernel" not in row
+
+
+def default_scoring(row: dict) -> bool:
+    return row.get("scoring") == DEFAULT_SCORINGS[row["selection"]]
 
 
 def xargs_for(options: dict | None, task: str) -> dict:
@@ -82,10 +93,10 @@ def xargs_for(options: dict | None, task: str) -> dict:
 def setting_name(row: dict) -> str:
     if row["policy"] != "sparse":
         return row["policy"]
-    mean = " mean" if row.get("scoring") == "mean" else ""
+    scoring = "" if row.get("scoring") == DEFAULT_SCORINGS[row["selection"]] else f" {row.get('scoring')}"
     delay = "" if row.get("delay_step", 1) == 1 else f" delay{row['delay_step']}"
     pool = f" pool{row['pool_kernel']}" if "pool_kernel" in row else ""
-    return f"sparse r={row['retention']:g} {row['selection']}{mean}{delay}{pool}"
+    return f"sparse r={row['retention']:g} {row['selection']}{scoring}{delay}{pool}"
 
 
 def newcombe(r1: dict, r2: dict) -> tuple[float, float]:
@@ -104,9 +115,9 @@ def pts(x: float) -> str:
 
 def check_lines(rows: list[dict]) -> list[str]:
     tasks = list(dict.fromkeys(r["task"] for r in rows))
-    # The checks are for the default scoring (max); the mean rows are for comparison.
+    # The checks are for each selection's defaults; other rows are for comparison.
     sparse = {(r["retention"], r["selection"], r["task"]): r for r in rows
-              if r["policy"] == "sparse" and r.get("scoring", "max") == "max" and default_knobs(r)}
+              if r["policy"] == "sparse" and default_knobs(r) and default_scoring(r)}
     dense = {(r["policy"], r["task"]): r for r in rows if r["policy"] != "sparse"}
     retentions = sorted({r["retention"] for r in rows if r["policy"] == "sparse"})
     lines = ["## Checks", ""]
@@ -178,17 +189,18 @@ def plot(rows: list[dict], out: pathlib.Path) -> None:
     _, fig, axes, tasks = task_panels(rows)
     for ax, task in zip(axes, tasks):
         for (selection, scoring), (marker, line, color) in {
-            ("head", "max"): ("o", "-", "tab:blue"), ("uniform", "max"): ("s", "-", "tab:orange"),
+            ("head", "weight"): ("o", "-", "tab:blue"), ("uniform", "max"): ("s", "-", "tab:orange"),
+            ("head", "max"): ("o", ":", "tab:blue"), ("uniform", "weight"): ("s", ":", "tab:orange"),
             ("head", "mean"): ("o", "--", "tab:purple"), ("uniform", "mean"): ("s", "--", "tab:brown"),
         }.items():
             sel = sorted((r["retention"], r["accuracy"], r["ci95"]) for r in rows
                          if r["task"] == task and r["policy"] == "sparse" and r["selection"] == selection
-                         and r.get("scoring", "max") == scoring and default_knobs(r))
+                         and r.get("scoring") == scoring and default_knobs(r))
             if sel:
                 x, y, ci = zip(*sel)
                 # Wilson bounds at 0 or 1 can land a rounding error on the wrong side.
                 err = [[max(0.0, yy - c[0]) for yy, c in zip(y, ci)], [max(0.0, c[1] - yy) for yy, c in zip(y, ci)]]
-                label = f"sparse {selection}" + (" (mean query)" if scoring == "mean" else "")
+                label = f"sparse {selection} ({'mean query' if scoring == 'mean' else scoring})"
                 ax.errorbar(x, y, yerr=err, marker=marker, linestyle=line, color=color, capsize=3, label=label,
                             alpha=0.85)
         for policy, style, color in (("exact", "-", "black"), ("dual", "--", "tab:green"),
@@ -202,12 +214,22 @@ def plot(rows: list[dict], out: pathlib.Path) -> None:
     save_task_figure(fig, axes, out / "accuracy_vs_retention.png", legend_loc="lower right")
 
 
+def draw(rows: list[dict], out: pathlib.Path) -> None:
+    try:
+        plot(rows, out)
+    except ModuleNotFoundError as error:  # the table is the result; the plot needs matplotlib
+        print(f"accuracy_vs_retention.png not drawn: {error}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_task_arguments(ap, n=500)
     ap.add_argument("--retentions", default=",".join(map(str, RETENTIONS)))
     ap.add_argument("--selections", default=",".join(SELECTIONS))
-    ap.add_argument("--scorings", default=",".join(SCORINGS))
+    ap.add_argument("--scorings", default=",".join(SCORINGS),
+                    help="sparse scorings: max, weight, mean, or default (each selection's own)")
+    ap.add_argument("--references", default=",".join(DENSE),
+                    help=f"the dense settings decoded too ({', '.join(DENSE)}), or none")
     ap.add_argument("--delays", default="1", help="sparse delay_step values (1 is the default)")
     ap.add_argument("--pool-kernels", default="0",
                     help="sparse pool_kernel values (0: each selection's default, 1 for head, 3 for uniform)")
@@ -220,7 +242,7 @@ def main(argv=None) -> int:
     if args.from_results:
         data = json.loads((args.out / "results.json").read_text())
         write_table(data["rows"], args.out, data["n"], data["seed"])
-        plot(data["rows"], args.out)
+        draw(data["rows"], args.out)
         print((args.out / "results.md").read_text())
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
@@ -228,14 +250,15 @@ def main(argv=None) -> int:
     points = [(labels, task, xargs_for(options, task))
               for labels, options in settings(retentions, args.selections.split(","), args.scorings.split(","),
                                                  [int(d) for d in args.delays.split(",")],
-                                                 [int(k) for k in args.pool_kernels.split(",")])
+                                                 [int(k) for k in args.pool_kernels.split(",")],
+                                                 [] if args.references == "none" else args.references.split(","))
               for task in args.tasks.split(",")]
     rows = run_points(args.model, points, args.n, args.seed)
     (args.out / "results.json").write_text(
         json.dumps({"model": args.model, "n": args.n, "seed": args.seed, "blocks": BLOCKS, "rows": rows},
                    indent=2) + "\n")
     write_table(rows, args.out, args.n, args.seed)
-    plot(rows, args.out)
+    draw(rows, args.out)
     print((args.out / "results.md").read_text())
     return 0
 

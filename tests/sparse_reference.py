@@ -3,7 +3,9 @@
 
   score   per KV head h, context position c: the q . k_c logits of the Reuse
           queries (post-RoPE) of the query heads that share KV head h, the largest
-          of them (`max`) or their mean (`mean`: the mean query's logit);
+          of them (`max`), their mean (`mean`: the mean query's logit), or the
+          largest log attention weight (`weight`: log softmax over the context
+          positions of a query's scaled logits);
   pool    MaxPool1D over the context positions in position order (block left out),
           kernel s, stride 1, padding s // 2;
   top-k   keep = ceil(retention x context) best per head by its pooled score plus
@@ -28,9 +30,11 @@ def kept_count(retention: float, context: int) -> int:
 
 
 def kept_positions(q_block: torch.Tensor, k_all: torch.Tensor, lo: int, hi: int, retention: float,
-                   pool_kernel: int, selection: str, scoring: str = "max") -> list[list[int]]:
+                   pool_kernel: int, selection: str, scoring: str = "max", scale: float | None = None
+                   ) -> list[list[int]]:
     """q_block[Hq, b, D] (the Reuse queries), k_all[H_kv, L, D]: per KV head, the kept
-    positions (ascending)."""
+    positions (ascending).  `scale`: the attention's, for weight scoring (default
+    1 / sqrt(D))."""
     num_kv_heads, seq_len, _ = k_all.shape
     group = q_block.shape[0] // num_kv_heads
     context = [p for p in range(seq_len) if not lo <= p < hi]
@@ -40,6 +44,10 @@ def kept_positions(q_block: torch.Tensor, k_all: torch.Tensor, lo: int, hi: int,
         queries = q_block[h * group:(h + 1) * group].double().flatten(0, 1)  # [group x b, D]
         if scoring == "mean":
             scores = torch.stack([queries.mean(dim=0) @ k_all[h, c].double() for c in context])
+        elif scoring == "weight":
+            logits = torch.stack([k_all[h, c].double() for c in context]) @ queries.T  # [context, queries]
+            scale = scale if scale is not None else 1 / math.sqrt(queries.shape[-1])
+            scores = torch.log_softmax(logits * scale, dim=0).max(dim=1).values
         else:
             scores = torch.tensor([max(float(query @ k_all[h, c].double()) for query in queries) for c in context],
                                   dtype=torch.float64)

@@ -90,7 +90,7 @@ LLADA_CASES = [
 ]
 
 BLOCK_KEYS = ("block_length", "refresh_interval", "delay_step")
-SPARSE_DEFAULTS = {"retention": 0.5, "selection": "head", "scoring": "max"}
+SPARSE_DEFAULTS = {"retention": 0.5, "selection": "head"}
 
 
 def cache_arguments(extra: dict, passed: set) -> dict:
@@ -99,8 +99,11 @@ def cache_arguments(extra: dict, passed: set) -> dict:
     if extra.get("cache") != "sparse":
         return {}
     arguments = {"sparse": {key: extra.get(key, default) for key, default in SPARSE_DEFAULTS.items()}}
-    # Unless told, the plugin pools only uniform selection's scores.
-    arguments["sparse"]["pool_kernel"] = extra.get("pool_kernel", 3 if arguments["sparse"]["selection"] == "uniform" else 1)
+    # Unless told, the plugin pools only uniform selection's scores, and scores
+    # head-centric selection by attention weights.
+    uniform = arguments["sparse"]["selection"] == "uniform"
+    arguments["sparse"]["pool_kernel"] = extra.get("pool_kernel", 3 if uniform else 1)
+    arguments["sparse"]["scoring"] = extra.get("scoring", "max" if uniform else "weight")
     if not ("delay_step" in passed and "delay_step" in extra):
         arguments["delay_step"] = 1
     return arguments

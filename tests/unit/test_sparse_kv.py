@@ -23,6 +23,8 @@ from vllm_dllm.kv_footprint import block_span, kept_positions, request_slots, se
 from vllm_dllm.options import DREAM, LLADA, DreamOptions, LLaDAOptions, OptionError, resolve
 from vllm_dllm.serving.server_defaults import ServerDefaults
 
+SCALE = 2 ** -0.5  # the attention scale of the 2-wide heads below
+
 
 def sparse_llada(gen=32, block=32, retention=0.3, cfg=0.0, **kw) -> LLaDAOptions:
     return dataclasses.replace(llada(gen=gen, steps=gen, block=block, cache="sparse", cfg=cfg, delay=1),
@@ -65,10 +67,15 @@ def _resolve(kind, extra, max_tokens=32, server=None):
 def test_sparse_options_defaults_and_delay():
     options = _resolve(LLADA, {"cache": "sparse", "block_length": 8, "steps": 32})
     assert (options.retention, options.pool_kernel, options.selection, options.scoring, options.delay_step) == (
-        0.5, 1, "head", "max", 1)
-    # Unless set, uniform selection pools over 3 positions (Sparse-dLLM's), head-centric over none.
-    assert _resolve(LLADA, {"cache": "sparse", "selection": "uniform", "block_length": 8}).pool_kernel == 3
-    assert _resolve(LLADA, {"cache": "sparse", "pool_kernel": 3, "block_length": 8}).pool_kernel == 3
+        0.5, 1, "head", "weight", 1)
+    # Unless set, uniform selection pools over 3 positions and scores by the largest logit
+    # (Sparse-dLLM's pooling), head-centric pools over none and scores by attention weight.
+    uniform = _resolve(LLADA, {"cache": "sparse", "selection": "uniform", "block_length": 8})
+    assert (uniform.pool_kernel, uniform.scoring) == (3, "max")
+    given = _resolve(LLADA, {"cache": "sparse", "pool_kernel": 3, "scoring": "max", "block_length": 8})
+    assert (given.pool_kernel, given.scoring) == (3, "max")
+    assert _resolve(LLADA, {"cache": "sparse", "selection": "uniform", "scoring": "weight",
+                            "block_length": 8}).scoring == "weight"
     # Sparse-dLLM's delay only where a block has a second step; set explicitly, it stays.
     assert _resolve(LLADA, {"cache": "sparse", "block_length": 8, "steps": 4}).delay_step == 0
     assert _resolve(LLADA, {"cache": "sparse", "block_length": 8, "steps": 32, "delay_step": 0}).delay_step == 0
@@ -90,7 +97,7 @@ def test_sparse_options_defaults_and_delay():
     ({"cache": "sparse", "selection": "random"},
      "unknown selection 'random': diffusion option 'selection' must be head or uniform"),
     ({"cache": "sparse", "scoring": "sum"},
-     "unknown scoring 'sum': diffusion option 'scoring' must be max or mean"),
+     "unknown scoring 'sum': diffusion option 'scoring' must be max, mean or weight"),
     ({"cache": "sparse", "retention": "0.3"}, "diffusion option 'retention' must be int or float, got str '0.3'"),
     ({"cache": "dual", "retention": 0.3},
      "diffusion option 'retention'=0.3 only applies with cache 'sparse', but 'cache' is 'dual'"),
@@ -126,7 +133,8 @@ def _naive_attention(q, k, v, scale):
 def test_sparse_refresh_attends_in_flight_and_packs_what_the_reference_keeps():
     """A dense Reuse and three sparse Refreshes in one call: ragged lengths, GQA, a
     Dream-like span (block + one), a CFG twin packing after its request in the same
-    blocks, per-head and uniform selections, pooling windows 3, 5 and 1."""
+    blocks, per-head and uniform selections, pooling windows 3, 5 and 1, scoring by
+    the largest logit, the largest attention weight and the mean query."""
     torch.manual_seed(0)
     heads, kv_heads, dim, scale = 4, 2, 8, 0.35
     num_blocks = 64
@@ -149,7 +157,8 @@ def test_sparse_refresh_attends_in_flight_and_packs_what_the_reference_keeps():
     plan = FillLayout(
         reuse_start=np.array([s[2] for s in spec]), reuse_end=np.array([s[3] for s in spec]),
         keep=np.array(keep), radius=np.array([s[4] // 2 for s in spec]), uniform=np.array([s[5] for s in spec]),
-        mean_scoring=np.array([False, False, True]), dense=np.zeros(3, dtype=bool),
+        mean_scoring=np.array([False, False, True]), weight_scoring=np.array([False, True, False]),
+        dense=np.zeros(3, dtype=bool),
     )
     inputs = build_step_inputs(
         layout, prompt_tokens=torch.zeros(3, 64, dtype=torch.long), prompt_len=torch.full((3,), 10),
@@ -178,7 +187,7 @@ def test_sparse_refresh_attends_in_flight_and_packs_what_the_reference_keeps():
                                    rtol=1e-5, atol=1e-6)
         kept = sparse_reference.kept_positions(
             q[rows][lo:hi].transpose(0, 1), k[rows].transpose(0, 1), lo, hi, r, kernel,
-            "uniform" if uniform else "head", "mean" if i == 2 else "max",
+            "uniform" if uniform else "head", ("max", "weight", "mean")[i], scale,
         )
         start = int(layout.kv_start[i + 1])
         table = block_table[slot].long()
@@ -197,12 +206,13 @@ def test_sparse_refresh_attends_in_flight_and_packs_what_the_reference_keeps():
     assert not torch.equal(cache, before)
 
 
-def _one_sequence_plan(q, k, lo, hi, keep, radius, uniform, mean=False):
+def _one_sequence_plan(q, k, lo, hi, keep, radius, uniform, scoring="max"):
     length = k.shape[0]
     layout = SequenceLayout(slot=np.array([0]), twin=np.array([False]), query_start=np.array([0]),
                             num_queries=np.array([length]), seq_len=np.array([length]), kv_start=np.array([0]))
     plan = FillLayout(reuse_start=np.array([lo]), reuse_end=np.array([hi]), keep=np.array([keep]),
-                        radius=np.array([radius]), uniform=np.array([uniform]), mean_scoring=np.array([mean]),
+                        radius=np.array([radius]), uniform=np.array([uniform]),
+                        mean_scoring=np.array([scoring == "mean"]), weight_scoring=np.array([scoring == "weight"]),
                         dense=np.array([False]))
     inputs = build_step_inputs(
         layout, prompt_tokens=torch.zeros(1, 64, dtype=torch.long), prompt_len=torch.full((1,), 4),
@@ -226,7 +236,7 @@ def test_head_and_uniform_differ_where_heads_disagree():
         assert sparse_reference.kept_positions(q[lo:hi].transpose(0, 1), k.transpose(0, 1), lo, hi, 1 / 8, 1,
                                                selection) == kept
         plan = _one_sequence_plan(q, k, lo, hi, keep=1, radius=0, uniform=selection == "uniform")
-        assert sparse.kept_context(q, k, plan)[0].tolist() == kept
+        assert sparse.kept_context(q, k, plan, SCALE)[0].tolist() == kept
 
 
 def test_pooling_spreads_a_peak_and_ties_go_to_the_lower_position():
@@ -238,7 +248,7 @@ def test_pooling_spreads_a_peak_and_ties_go_to_the_lower_position():
     k = torch.zeros(length, 1, 2)
     k[:lo, 0, 0] = torch.tensor([0.0, 0.1, 0.2, 0.1, 5.0, 0.1, 0.0, 0.3])
     plan = _one_sequence_plan(q, k, lo, hi, keep=2, radius=1, uniform=False)
-    assert sparse.kept_context(q, k, plan)[0].tolist() == [[3, 4]]
+    assert sparse.kept_context(q, k, plan, SCALE)[0].tolist() == [[3, 4]]
     assert sparse_reference.kept_positions(q[lo:hi].transpose(0, 1), k.transpose(0, 1), lo, hi, 2 / 8, 3,
                                            "head") == [[3, 4]]
 
@@ -375,7 +385,26 @@ def test_max_scoring_keeps_what_single_queries_need_and_mean_blurs_it():
     k = torch.zeros(length, 1, 2)
     k[0, 0], k[1, 0], k[2, 0] = torch.tensor([4.0, -3.0]), torch.tensor([1.0, 1.0]), torch.tensor([-3.0, 4.0])
     for scoring, kept in {"max": [[0, 2]], "mean": [[0, 1]]}.items():
-        plan = _one_sequence_plan(q, k, lo, hi, keep=2, radius=0, uniform=False, mean=scoring == "mean")
-        assert sparse.kept_context(q, k, plan)[0].tolist() == kept
+        plan = _one_sequence_plan(q, k, lo, hi, keep=2, radius=0, uniform=False, scoring=scoring)
+        assert sparse.kept_context(q, k, plan, SCALE)[0].tolist() == kept
         assert sparse_reference.kept_positions(q[lo:hi].transpose(0, 1), k.transpose(0, 1), lo, hi, 2 / 8, 1,
                                                "head", scoring) == kept
+
+
+def test_weight_scoring_ranks_a_sharp_read_above_a_query_whose_logits_all_run_high():
+    """Query A's logits are high at every position, highest at 7; query B reads
+    position 2 sharply from logits near 0.  The largest logit keeps A's 7; the largest
+    attention weight keeps B's 2, which B gives almost all its attention while A
+    spreads its own over the eight."""
+    length, lo, hi = 10, 8, 10
+    q = torch.zeros(length, 1, 2)
+    q[8, 0] = torch.tensor([1.0, 0.0])
+    q[9, 0] = torch.tensor([0.0, 1.0])
+    k = torch.zeros(length, 1, 2)
+    k[:lo, 0, 0] = torch.tensor([10.0, 10, 10, 10, 10, 10, 10, 10.5])
+    k[2, 0, 1] = 6.0
+    for scoring, kept in {"max": [[7]], "weight": [[2]]}.items():
+        plan = _one_sequence_plan(q, k, lo, hi, keep=1, radius=0, uniform=False, scoring=scoring)
+        assert sparse.kept_context(q, k, plan, SCALE)[0].tolist() == kept
+        assert sparse_reference.kept_positions(q[lo:hi].transpose(0, 1), k.transpose(0, 1), lo, hi, 1 / 8, 1,
+                                               "head", scoring, SCALE) == kept

@@ -6,13 +6,17 @@ At a sparse request's Refresh (dLLM-Serve 4.5; Sparse-dLLM's selection per head)
   * score every context position c (every position outside the Reuse queries: the
     active block and, for a shifted model, the position before it) per KV head h from
     the q.k logits of the block's (post-RoPE) queries of the query heads sharing KV
-    head h, aggregated by `scoring`: `max` (default) takes the largest logit, so a
-    position counts if any block query reads it strongly; `mean` scores with the
-    mean query (the mean logit), as Sparse-dLLM averages its block queries.  On the
-    shipped model, `max` keeps far more accuracy at low retention for both
-    selections (benchmarks/results/sparse-quality): the block's positions need
-    different context positions (a reversed copy, digits of a sum), and the mean
-    query blurs them;
+    head h, aggregated by `scoring`: `max` takes the largest logit, so a position
+    counts if any block query reads it strongly; `weight` (head-centric's default)
+    takes the largest attention weight, each query's softmax over the context (its
+    log), so a query whose logits all run high does not outrank one that reads a
+    few positions sharply; `mean` scores with the mean query (the mean logit), as
+    Sparse-dLLM averages its block queries.  On the shipped model, scoring by single
+    queries keeps far more accuracy at low retention for both selections
+    (benchmarks/results/sparse-quality): the block's positions need different
+    context positions (a reversed copy, digits of a sum), and the mean query blurs
+    them;  weights beat logits for head-centric selection
+    (benchmarks/results/sparse-quality-weight);
   * max-pool the scores along the context positions (in position order, the block
     left out) with window `pool_kernel`, past the ends padded with -inf as
     MaxPool1D pads;
@@ -77,7 +81,9 @@ class CacheFill:
     radius: torch.Tensor  # int64 [S]: pool_kernel // 2
     max_radius: int
     uniform: torch.Tensor  # bool [S]
-    mean_scoring: torch.Tensor  # bool [S]: score with the mean query, else the largest logit
+    mean_scoring: torch.Tensor  # bool [S]: score with the mean query...
+    weight_scoring: torch.Tensor  # bool [S]: ...with the largest attention weight, else the largest logit
+    any_weight: bool  # some sequence scores by weight
     dense: torch.Tensor  # bool [S]: keeps every context position (a dense cache's rebuild)
     keep: torch.Tensor  # int64 [S]: positions kept per head
     max_keep: int
@@ -86,10 +92,12 @@ class CacheFill:
     keep_slots: torch.Tensor  # int64 [N]: ...and its pool slot (a dense cache: the position's own)
 
 
-def context_logits(q: torch.Tensor, k: torch.Tensor, plan: CacheFill) -> torch.Tensor:
-    """[S, H_kv, C] float32: each context position's logit with the block's queries,
+def context_scores(q: torch.Tensor, k: torch.Tensor, plan: CacheFill, scale: float) -> torch.Tensor:
+    """[S, H_kv, C] float32: each context position's score with the block's queries,
     per KV head, aggregated over the block's rows and the query heads sharing the KV
-    head: the largest, or (mean scoring) the mean."""
+    head: the largest logit, the largest log attention weight (weight scoring: each
+    query's log-softmax of its `scale`d logits over the context), or the mean logit
+    (mean scoring)."""
     num_kv_heads = k.shape[1]
     grid = q[plan.block_rows].float()  # [S, B, H, D]
     num_seqs, rows, num_heads, head_dim = grid.shape
@@ -101,13 +109,20 @@ def context_logits(q: torch.Tensor, k: torch.Tensor, plan: CacheFill) -> torch.T
     # The mean of the logits is the logit of the mean query (Sparse-dLLM's q-bar).
     count = plan.block_valid.sum(dim=1).clamp(min=1) * (num_heads // num_kv_heads)
     mean = (logits * valid).sum(dim=(2, 3)) / count[:, None, None]
-    return torch.where(plan.mean_scoring[:, None, None], mean, largest)
+    scores = torch.where(plan.mean_scoring[:, None, None], mean, largest)
+    if not plan.any_weight:
+        return scores
+    inside = plan.context_valid[:, None, None, None, :]
+    weights = torch.log_softmax((logits * scale).masked_fill(~inside, float("-inf")), dim=-1)
+    # A row without context is all -inf and its log-softmax NaN: mask it again.
+    largest_weight = weights.masked_fill(~(inside & valid), float("-inf")).amax(dim=(2, 3))
+    return torch.where(plan.weight_scoring[:, None, None], largest_weight, scores)
 
 
-def pooled_scores(q: torch.Tensor, k: torch.Tensor, plan: CacheFill) -> torch.Tensor:
+def pooled_scores(q: torch.Tensor, k: torch.Tensor, plan: CacheFill, scale: float) -> torch.Tensor:
     """[S, H_kv, C] float32: max-pooled scores of the context positions (-inf past a
     sequence's context)."""
-    scores = context_logits(q, k, plan)
+    scores = context_scores(q, k, plan, scale)
     outside = ~plan.context_valid[:, None, :]
     scores = scores.masked_fill(outside, float("-inf"))
     pooled = scores
@@ -121,12 +136,13 @@ def pooled_scores(q: torch.Tensor, k: torch.Tensor, plan: CacheFill) -> torch.Te
     return pooled.masked_fill(outside, float("-inf"))
 
 
-def kept_context(q: torch.Tensor, k: torch.Tensor, plan: CacheFill, over_ranks: HeadsOverRanks | None = None
-                 ) -> torch.Tensor:
+def kept_context(q: torch.Tensor, k: torch.Tensor, plan: CacheFill, scale: float,
+                 over_ranks: HeadsOverRanks | None = None) -> torch.Tensor:
     """[S, H_kv, max_keep] int64: each head's kept context indices, ascending; entries
     from `keep[s]` on are padding (the context length).  A dense sequence keeps all.
-    `over_ranks`: the KV heads other tensor-parallel ranks hold (None: all are here)."""
-    pooled = pooled_scores(q, k, plan)
+    `scale`: the attention's (weight scoring); `over_ranks`: the KV heads other
+    tensor-parallel ranks hold (None: all are here)."""
+    pooled = pooled_scores(q, k, plan, scale)
     pooled = torch.where(plan.dense[:, None, None], 0.0, pooled)  # all tie: position order
     total, count = pooled.sum(dim=1, keepdim=True), k.shape[1]
     if over_ranks is not None:
@@ -145,12 +161,12 @@ def kept_context(q: torch.Tensor, k: torch.Tensor, plan: CacheFill, over_ranks: 
 
 
 def pack_kept(cache: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: CacheFill,
-              over_ranks: HeadsOverRanks | None = None) -> None:
+              scale: float, over_ranks: HeadsOverRanks | None = None) -> None:
     """Select each head's context positions and write their K/V into the sequences'
     slots 0..kept-1, head by head (q, k, v: the sparse sequences' rows)."""
     if plan.keep_seq.numel() == 0:
         return
-    kept = kept_context(q, k, plan, over_ranks)  # [S, H_kv, max_keep]
+    kept = kept_context(q, k, plan, scale, over_ranks)  # [S, H_kv, max_keep]
     num_kv_heads = k.shape[1]
     context = kept[plan.keep_seq, :, plan.keep_rank]  # [N, H_kv]
     rows = plan.context_rows[plan.keep_seq[:, None], context]  # [N, H_kv]
@@ -172,7 +188,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tenso
     out = torch.empty_like(q)
     out[start:] = meta.backend.attend(q[start:], k[start:], v[start:], None, plan.meta, scale)
     if cache is not None:
-        pack_kept(cache, q[start:], k[start:], v[start:], plan, over_ranks)
+        pack_kept(cache, q[start:], k[start:], v[start:], plan, scale, over_ranks)
     if start:
         out[:start] = meta.backend.attend(q[:start], k[:start], v[:start], cache, meta, scale)
     return out

@@ -78,6 +78,7 @@ class RequestBatch:
             radius=np.zeros(capacity, dtype=np.int64),
             uniform=np.zeros(capacity, dtype=bool),
             mean_scoring=np.zeros(capacity, dtype=bool),
+            weight_scoring=np.zeros(capacity, dtype=bool),
         )
         self.slots: dict[str, int] = {}
         self.emitted: dict[str, int] = {}

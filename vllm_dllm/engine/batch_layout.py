@@ -37,6 +37,7 @@ class SparseParams:
     radius: np.ndarray
     uniform: np.ndarray
     mean_scoring: np.ndarray
+    weight_scoring: np.ndarray
 
     def admit(self, slot: int, options, prompt_len: int) -> None:
         self.sequence_slots[slot] = sequence_slots(options, prompt_len)
@@ -44,6 +45,7 @@ class SparseParams:
         self.radius[slot] = options.pool_kernel // 2
         self.uniform[slot] = options.selection == "uniform"
         self.mean_scoring[slot] = options.scoring == "mean"
+        self.weight_scoring[slot] = options.scoring == "weight"
 
 
 def same_layout(a: BatchLayout, b: BatchLayout) -> bool:
@@ -116,7 +118,7 @@ def batch_layout(
             reuse_start=phases.reuse_start[f], reuse_end=phases.reuse_end[f],
             keep=np.where(is_sparse[f], keep[f], seq_len[f] - span),
             radius=sp.radius[slots][f], uniform=sp.uniform[slots][f],
-            mean_scoring=sp.mean_scoring[slots][f], dense=~is_sparse[f],
+            mean_scoring=sp.mean_scoring[slots][f], weight_scoring=sp.weight_scoring[slots][f], dense=~is_sparse[f],
         )
     tokens = (phases.num_queries + rebuilds * seq_len) * copies
     layout, last_piece = layout.split_blocks(phases.segment[r] * ~twin)

@@ -72,7 +72,8 @@ class FillLayout:
     keep: np.ndarray  # positions each KV head keeps (dense: the whole context)
     radius: np.ndarray  # pool_kernel // 2
     uniform: np.ndarray  # bool: one kept set for all heads
-    mean_scoring: np.ndarray  # bool: rank by the mean query's logits, else the largest
+    mean_scoring: np.ndarray  # bool: rank by the mean query's logits...
+    weight_scoring: np.ndarray  # bool: ...by the largest attention weight, else the largest logit
     dense: np.ndarray  # bool: every context position, at its own slot
 
 
@@ -221,6 +222,8 @@ def _cache_fill(layout: SequenceLayout, fill: FillLayout, cu: np.ndarray, query_
         max_radius=int(fill.radius.max()),
         uniform=to_device(fill.uniform.astype(bool), device),
         mean_scoring=to_device(fill.mean_scoring.astype(bool), device),
+        weight_scoring=to_device(fill.weight_scoring.astype(bool), device),
+        any_weight=bool(fill.weight_scoring.any()),
         dense=to_device(fill.dense.astype(bool), device),
         keep=to_device(fill.keep.astype(np.int64), device),
         max_keep=int(fill.keep.max()),

@@ -18,7 +18,7 @@ CACHE_POLICIES = ("none", "prefix", "dual", "sparse", "vicinity")
 # Positions a vicinity cache's Reuse steps also run on each side of the active block.
 DEFAULT_VICINITY = 16
 SPARSE_SELECTIONS = ("head", "uniform")  # see attention/sparse.py
-SPARSE_SCORINGS = ("max", "mean")
+SPARSE_SCORINGS = ("max", "mean", "weight")
 MAX_POOL_KERNEL = 63  # the sparse selection's max-pool window (one op per offset)
 DECODING_RULES = ("fixed", "threshold", "factor", "entropy_bound", "hierarchy", "credit")  # see decoding/parallel.py
 
@@ -87,7 +87,8 @@ class KVCacheOptions:
     """KV reuse across steps (phases.py) and, for `sparse`, what the cache keeps
     (attention/sparse.py): per KV head the `retention` share of the positions outside
     the active block, ranked by the block's queries' logits (`scoring`: the largest,
-    or the mean query's) max-pooled over `pool_kernel` positions; `selection` uniform
+    the largest attention weight, or the mean query's) max-pooled over `pool_kernel`
+    positions; `selection` uniform
     keeps one set shared by all heads.  `vicinity` (dInfer's Vicinity Refresh): the
     positions on each side of the active block a `vicinity` cache's Reuse steps also
     run, refreshing their K/V."""
@@ -121,13 +122,15 @@ _CACHE_KEYS = {
     "vicinity": (int,),
 }
 SPARSE_KEYS = ("retention", "pool_kernel", "selection", "scoring")
-# pool_kernel unless set: pooling helps uniform selection, costs head-centric (results/sparse-pool-kernel).
+# pool_kernel and scoring unless set: pooling helps uniform selection, costs head-centric
+# (results/sparse-pool-kernel); attention weights help head-centric (results/sparse-quality-weight).
 POOL_KERNELS = {"head": 1, "uniform": 3}
+SCORINGS = {"head": "weight", "uniform": "max"}
 
 # delay_step None: the policy's own (Sparse-dLLM's one-step delayed update for sparse,
 # none for prefix/dual as in Fast-dLLM); see _delay_step.
 CACHE_DEFAULTS = {"cache": "none", "refresh_interval": 0, "delay_step": None,
-                  "retention": 0.5, "pool_kernel": None, "selection": "head", "scoring": "max",
+                  "retention": 0.5, "pool_kernel": None, "selection": "head", "scoring": None,
                   "vicinity": DEFAULT_VICINITY}
 
 # vLLM's own fields: naming them in extra_args would be ambiguous (unless a family
@@ -261,7 +264,7 @@ def _cache_options(merged: dict[str, Any], delay_step: int) -> dict[str, Any]:
         retention=float(merged["retention"]),
         pool_kernel=merged["pool_kernel"] if merged["pool_kernel"] is not None else POOL_KERNELS[merged["selection"]],
         selection=merged["selection"],
-        scoring=merged["scoring"],
+        scoring=merged["scoring"] if merged["scoring"] is not None else SCORINGS[merged["selection"]],
         vicinity=merged["vicinity"],
     )
 
