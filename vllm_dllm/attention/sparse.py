@@ -8,14 +8,14 @@ At a sparse request's Refresh (dLLM-Serve 4.5; Sparse-dLLM's selection per head)
     the q.k logits of the block's (post-RoPE) queries of the query heads sharing KV
     head h, aggregated by `scoring`: `max` takes the largest logit, so a position
     counts if any block query reads it strongly; `weight` (head-centric's default)
-    takes the largest attention weight, each query's softmax over the context (its
-    log), so a query whose logits all run high does not outrank one that reads a
-    few positions sharply; `mean` scores with the mean query (the mean logit), as
+    takes the largest attention weight (its log: each query's log-softmax over the
+    context), so a query whose logits all run high does not outrank one that reads
+    a few positions sharply; `mean` scores with the mean query (the mean logit), as
     Sparse-dLLM averages its block queries.  On the shipped model, scoring by single
     queries keeps far more accuracy at low retention for both selections
     (benchmarks/results/sparse-quality): the block's positions need different
     context positions (a reversed copy, digits of a sum), and the mean query blurs
-    them;  weights beat logits for head-centric selection
+    them.  Weights beat logits for head-centric selection
     (benchmarks/results/sparse-quality-weight);
   * max-pool the scores along the context positions (in position order, the block
     left out) with window `pool_kernel`, past the ends padded with -inf as
