@@ -13,8 +13,9 @@ uses steps = canvas length (one token per step) and the same blocks per task:
                   sparse vs dual+delay1 isolates the effect of dropping positions
   sparse r s      cache sparse, retention r, selection s (head: every KV head keeps
                   its own top-k context positions; uniform: one set shared by all
-                  heads); delay_step 1, the selection's own pool_kernel (head 1,
-                  uniform 3; --pool-kernels sets one for both) and scoring (head: the
+                  heads); delay_step 1, the selection's own pool_kernel (head 1
+                  below retention 0.4 and 3 from it, uniform 3; --pool-kernels sets
+                  one for both) and scoring (head: the
                   largest attention weight a block query gives a position, weight;
                   uniform: its largest logit, max)
   sparse r s X    the same scored by X (--scorings): max, weight, or mean (the mean
@@ -39,7 +40,7 @@ from task_sweep import BLOCKS, add_task_arguments, run_points, save_task_figure,
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # lab/ sits at the repository root
 from lab.tasks import TASKS  # noqa: E402
-from vllm_dllm.options.common import SCORINGS as DEFAULT_SCORINGS  # noqa: E402
+from vllm_dllm.options.sparse_defaults import SCORINGS as DEFAULT_SCORINGS  # noqa: E402
 
 RETENTIONS = (0.1, 0.2, 0.3, 0.5, 1.0)
 SELECTIONS = ("head", "uniform")
@@ -232,7 +233,8 @@ def main(argv=None) -> int:
                     help=f"the dense settings decoded too ({', '.join(DENSE)}), or none")
     ap.add_argument("--delays", default="1", help="sparse delay_step values (1 is the default)")
     ap.add_argument("--pool-kernels", default="0",
-                    help="sparse pool_kernel values (0: each selection's default, 1 for head, 3 for uniform)")
+                    help="sparse pool_kernel values (0: each selection's default: head 1 below retention 0.4 "
+                         "and 3 from it, uniform 3)")
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results/sparse-quality"))
     ap.add_argument("--from-results", action="store_true",

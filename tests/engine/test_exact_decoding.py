@@ -99,10 +99,12 @@ def cache_arguments(extra: dict, passed: set) -> dict:
     if extra.get("cache") != "sparse":
         return {}
     arguments = {"sparse": {key: extra.get(key, default) for key, default in SPARSE_DEFAULTS.items()}}
-    # Unless told, the plugin pools only uniform selection's scores, and scores
-    # head-centric selection by attention weights.
+    # Unless told, the plugin pools uniform selection's scores, and head-centric
+    # selection's from retention 0.4 on, and scores head-centric selection by attention
+    # weights.
     uniform = arguments["sparse"]["selection"] == "uniform"
-    arguments["sparse"]["pool_kernel"] = extra.get("pool_kernel", 3 if uniform else 1)
+    pooled = uniform or arguments["sparse"]["retention"] >= 0.4
+    arguments["sparse"]["pool_kernel"] = extra.get("pool_kernel", 3 if pooled else 1)
     arguments["sparse"]["scoring"] = extra.get("scoring", "max" if uniform else "weight")
     if not ("delay_step" in passed and "delay_step" in extra):
         arguments["delay_step"] = 1

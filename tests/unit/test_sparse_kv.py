@@ -67,11 +67,21 @@ def _resolve(kind, extra, max_tokens=32, server=None):
 def test_sparse_options_defaults_and_delay():
     options = _resolve(LLADA, {"cache": "sparse", "block_length": 8, "steps": 32})
     assert (options.retention, options.pool_kernel, options.selection, options.scoring, options.delay_step) == (
-        0.5, 1, "head", "weight", 1)
+        0.5, 3, "head", "weight", 1)
     # Unless set, uniform selection pools over 3 positions and scores by the largest logit
-    # (Sparse-dLLM's pooling), head-centric pools over none and scores by attention weight.
+    # (Sparse-dLLM's pooling); head-centric scores by attention weight and pools over 3
+    # positions from retention 0.4 on, over none below it.
     uniform = _resolve(LLADA, {"cache": "sparse", "selection": "uniform", "block_length": 8})
     assert (uniform.pool_kernel, uniform.scoring) == (3, "max")
+    for retention, kernel in ((0.1, 1), (0.39, 1), (0.4, 3), (0.7, 3), (1, 3)):
+        head = _resolve(LLADA, {"cache": "sparse", "retention": retention, "block_length": 8})
+        assert head.pool_kernel == kernel, retention
+        assert _resolve(LLADA, {"cache": "sparse", "retention": retention, "selection": "uniform",
+                                "block_length": 8}).pool_kernel == 3
+        assert _resolve(LLADA, {"cache": "sparse", "retention": retention, "pool_kernel": 5,
+                                "block_length": 8}).pool_kernel == 5
+    # A server's retention decides the default as a request's does.
+    assert _resolve(LLADA, {"block_length": 8}, server={"cache": "sparse", "retention": 0.3}).pool_kernel == 1
     given = _resolve(LLADA, {"cache": "sparse", "pool_kernel": 3, "scoring": "max", "block_length": 8})
     assert (given.pool_kernel, given.scoring) == (3, "max")
     assert _resolve(LLADA, {"cache": "sparse", "selection": "uniform", "scoring": "weight",

@@ -19,7 +19,8 @@ At a sparse request's Refresh (dLLM-Serve 4.5; Sparse-dLLM's selection per head)
     (benchmarks/results/sparse-quality-weight);
   * max-pool the scores along the context positions (in position order, the block
     left out) with window `pool_kernel`, past the ends padded with -inf as
-    MaxPool1D pads;
+    MaxPool1D pads (head-centric selection by default only from retention 0.4 on,
+    options/sparse_defaults.py);
   * `head`: each KV head keeps its own `kept` best positions, ranked by its own
     pooled score plus the mean of every KV head's (a position all heads read counts
     for each head too: on the shipped model this keeps uniform's accuracy where a

@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from vllm_dllm.options.sparse_defaults import SCORINGS, default_pool_kernel
+
 CACHE_POLICIES = ("none", "prefix", "dual", "sparse", "vicinity")
 # Positions a vicinity cache's Reuse steps also run on each side of the active block.
 DEFAULT_VICINITY = 16
@@ -122,10 +124,6 @@ _CACHE_KEYS = {
     "vicinity": (int,),
 }
 SPARSE_KEYS = ("retention", "pool_kernel", "selection", "scoring")
-# pool_kernel and scoring unless set: pooling helps uniform selection, costs head-centric
-# (results/sparse-pool-kernel); attention weights help head-centric (results/sparse-quality-weight).
-POOL_KERNELS = {"head": 1, "uniform": 3}
-SCORINGS = {"head": "weight", "uniform": "max"}
 
 # delay_step None: the policy's own (Sparse-dLLM's one-step delayed update for sparse,
 # none for prefix/dual as in Fast-dLLM); see _delay_step.
@@ -262,7 +260,8 @@ def _cache_options(merged: dict[str, Any], delay_step: int) -> dict[str, Any]:
         refresh_interval=merged["refresh_interval"],
         delay_step=delay_step,
         retention=float(merged["retention"]),
-        pool_kernel=merged["pool_kernel"] if merged["pool_kernel"] is not None else POOL_KERNELS[merged["selection"]],
+        pool_kernel=(merged["pool_kernel"] if merged["pool_kernel"] is not None
+                     else default_pool_kernel(merged["selection"], float(merged["retention"]))),
         selection=merged["selection"],
         scoring=merged["scoring"] if merged["scoring"] is not None else SCORINGS[merged["selection"]],
         vicinity=merged["vicinity"],
