@@ -94,6 +94,28 @@ def test_dream_steps_more_than_gen_length_are_allowed():
         res(dream(), {"steps": 129}, max_tokens=16)
 
 
+def test_dream_default_steps_above_the_bound_are_capped():
+    # Dream's release generation_config.json sets steps 512: a short request that sets
+    # no steps runs the most the bound allows instead of being refused.
+    assert res(dream({"steps": 512}), max_tokens=8).steps == 64
+    assert res(dream(server={"steps": 512}), {"block_length": 4}, max_tokens=8).steps == 64
+    assert res(dream({"steps": 512}), max_tokens=256).steps == 512
+    with pytest.raises(OptionError, match="steps=512 is more than 8 per generated token"):
+        res(dream({"steps": 512}), {"steps": 512}, max_tokens=8)
+
+
+def test_default_steps_are_fitted_to_the_blocks_a_request_asks_for():
+    # 96 tokens in LLaDA's blocks of 32 are 3 blocks: a server default of 64 steps
+    # becomes 63, where the same 64 set by the request is refused.
+    opts = res(llada(server={"steps": 64}), max_tokens=96)
+    assert (opts.num_blocks, opts.steps, opts.steps_per_block) == (3, 63, 21)
+    with pytest.raises(OptionError, match="steps=64 must be divisible by the number of blocks"):
+        res(llada(), {"steps": 64}, max_tokens=96)
+    # Fewer default steps than blocks: one a block.
+    assert res(llada(server={"steps": 2}), {"block_length": 8}, max_tokens=32).steps == 4
+    assert res(dream({"steps": 10}), {"block_length": 4}, max_tokens=12).steps == 9
+
+
 @pytest.mark.parametrize("kind", [LLADA, DREAM])
 @pytest.mark.parametrize("bad", [0, -1])
 def test_nonpositive_steps_refused(kind, bad):

@@ -312,20 +312,25 @@ def _check_decoding(merged: dict[str, Any], given: dict[str, Any], prefix: str, 
     )
 
 
-def _block_length(merged: dict[str, Any], request: dict[str, Any], gen_length: int, steps: int) -> tuple[int, int]:
-    """The canvas's block length and the delayed update's steps, checked against the
-    generation length and the steps.  An unset block length that does not divide the
+def _block_length(merged: dict[str, Any], request: dict[str, Any], gen_length: int,
+                  steps: int) -> tuple[int, int, int]:
+    """The canvas's block length, the steps and the delayed update's steps, checked
+    against the generation length.  An unset block length that does not divide the
     generation falls back to one block: the request did not ask for
-    semi-autoregressive decoding."""
+    semi-autoregressive decoding.  Steps the request did not set (a server or
+    generation_config default) that do not divide over its blocks are fitted to them:
+    rounded down to a multiple of the blocks, at least one a block."""
     block_length = merged.get("block_length", gen_length)
     if "block_length" not in request and gen_length % block_length:
         block_length = gen_length
     if gen_length % block_length:
         raise OptionError(
-            f"generation length (max_tokens={gen_length}) must be a multiple "
-            f"of block_length={block_length}"
+            f"generation length (max_tokens={gen_length}, after vLLM caps it at max_model_len minus the "
+            f"prompt) must be a multiple of block_length={block_length}"
         )
     num_blocks = gen_length // block_length
+    if steps % num_blocks and "steps" not in request:
+        steps = max(num_blocks, steps - steps % num_blocks)
     if steps % num_blocks:
         raise OptionError(
             f"steps={steps} must be divisible by the number of blocks "
@@ -337,7 +342,7 @@ def _block_length(merged: dict[str, Any], request: dict[str, Any], gen_length: i
             f"delay_step={delay_step} must be smaller than the steps per block "
             f"({steps // num_blocks})"
         )
-    return block_length, delay_step
+    return block_length, steps, delay_step
 
 
 def _parallel_options(merged: dict[str, Any]) -> dict[str, Any]:

@@ -136,13 +136,17 @@ def resolve_dream(r: ResolveInput) -> DreamOptions:
     if steps > MAX_STEPS_PER_TOKEN * gen_length:
         # Dream's schedule may unmask nothing on some steps, so steps may exceed the
         # canvas (as in its reference), within a bound on the work.
-        raise OptionError(
-            f"steps={steps} is more than {MAX_STEPS_PER_TOKEN} per generated token "
-            f"(max_tokens={gen_length})"
-        )
+        if "steps" in request:
+            raise OptionError(
+                f"steps={steps} is more than {MAX_STEPS_PER_TOKEN} per generated token "
+                f"(max_tokens={gen_length})"
+            )
+        # A server or generation_config default (Dream's release sets 512) meant for
+        # long generations: a short one runs the most steps the bound allows.
+        steps = MAX_STEPS_PER_TOKEN * gen_length
     check_cache_knobs(merged, request, "")
     _check_decoding(merged, request, "", _confidence_clash(merged))
-    block_length, delay_step = _block_length(merged, request, gen_length, steps)
+    block_length, steps, delay_step = _block_length(merged, request, gen_length, steps)
     alg_temp = merged.get("alg_temp")
     dream_top_k = _dream_filter("top_k", request, r.top_k, r.server)
     dream_top_p = _dream_filter("top_p", request, r.top_p, r.server)

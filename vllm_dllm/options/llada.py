@@ -129,7 +129,7 @@ def resolve_llada(r: ResolveInput) -> LLaDAOptions:
     check_cache_knobs(merged, request, "")
     # Random remasking's 'confidences' are uniform draws.
     _check_decoding(merged, request, "", "remasking 'random'" if merged.get("remasking") == "random" else None)
-    block_length, delay_step = _block_length(merged, request, gen_length, steps)
+    block_length, steps, delay_step = _block_length(merged, request, gen_length, steps)
     return LLaDAOptions(
         **_cache_options(merged, delay_step),
         **_parallel_options(merged),
