@@ -13,6 +13,7 @@ of its own.
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import random
 import sys
@@ -24,6 +25,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 os.environ.setdefault(MULTIPROCESSING_ENV, "0")
 
+from vllm_dllm.log import PARENT as PLUGIN_LOG_PARENT  # noqa: E402
 from vllm_dllm.tools.make_tiny import make_tiny  # noqa: E402
 
 ENGINE_DEFAULTS = dict(
@@ -35,6 +37,22 @@ ENGINE_DEFAULTS = dict(
     gpu_memory_utilization=0.3,
     seed=0,
 )
+
+
+@pytest.fixture
+def plugin_logs(caplog):
+    """caplog sees the plugin's log lines: they go to vLLM's "vllm" logger
+    (vllm_dllm/log.py), which stops records before the root logger, where caplog
+    listens, once vLLM has configured logging.  Captured there, once either way."""
+    parent = logging.getLogger(PLUGIN_LOG_PARENT)
+    propagate = parent.propagate
+    parent.addHandler(caplog.handler)
+    parent.propagate = False
+    try:
+        yield
+    finally:
+        parent.removeHandler(caplog.handler)
+        parent.propagate = propagate
 
 
 @pytest.fixture(scope="session")

@@ -40,12 +40,13 @@ runs `lm-eval run --model dllm-completions` with base_url (and --estimator,
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
+
+from vllm_dllm.log import get_logger
 
 try:
     import requests
@@ -62,7 +63,7 @@ except ModuleNotFoundError as error:
 MODEL_NAME = "dllm-completions"
 ESTIMATORS = ("elbo", "chain")
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 class LikelihoodRequestError(RuntimeError):

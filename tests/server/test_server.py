@@ -45,6 +45,14 @@ from tests.tie_free import compare_each_case
 # --------------------------------------------------------------------------------------
 
 
+def test_the_server_log_shows_the_plugins_lines(server):
+    """The plugin's INFO lines reach vLLM's log with vLLM's format: a user reads there
+    which attention backend the model got and which special ids it decodes with."""
+    log = server.log_text()
+    assert re.search(r"INFO .*\] Diffusion attention backend: \w+ on cpu", log), server.log_tail()
+    assert re.search(r"INFO .*\] Diffusion model loaded; special ids", log), server.log_tail()
+
+
 def test_completion_usage_and_generation_length(server, client, tokenizer):
     lengths_ended = []
     for prompt, max_tokens in zip(PROMPTS, (16, 8, 24, 16)):

@@ -279,6 +279,7 @@ def test_a_capture_context_surrounds_the_capture_but_not_the_warm_up(monkeypatch
     ]
 
 
+@pytest.mark.usefixtures("plugin_logs")
 def test_a_full_set_of_graphs_takes_no_new_shape_and_says_so_once(caplog):
     owner = SimpleNamespace(graphs={key: None for key in range(graphs_module.MAX_GRAPHS)}, _warned_full=False)
     assert graphs_module.has_room(owner, 3, "graphs captured")  # a shape it holds replays

@@ -79,8 +79,9 @@ def test_a_perturbing_backend_is_caught_and_named():
     assert str(result).startswith("attention backend 'stand-in' DISAGREES with its torch reference")
 
 
+@pytest.mark.usefixtures("plugin_logs")
 def test_run_falls_back_with_an_error_naming_the_backend(caplog):
-    with caplog.at_level(logging.INFO, logger=self_check.__name__):
+    with caplog.at_level(logging.INFO, logger=self_check.logger.name):
         keep = self_check.run(engine_kwargs(StandIn(perturb=0.05)), defaults(), num_blocks=NUM_BLOCKS,
                               vocab_size=SHAPE.vocab_size, dtype=torch.float32, philox_candidate=philox.uniform_rows)
     assert keep is False
@@ -89,8 +90,9 @@ def test_run_falls_back_with_an_error_naming_the_backend(caplog):
     assert "serving with the torch attention backend without CUDA graphs" in error.getMessage()
 
 
+@pytest.mark.usefixtures("plugin_logs")
 def test_run_keeps_an_agreeing_backend(caplog):
-    with caplog.at_level(logging.INFO, logger=self_check.__name__):
+    with caplog.at_level(logging.INFO, logger=self_check.logger.name):
         assert self_check.run(engine_kwargs(StandIn()), defaults(), num_blocks=NUM_BLOCKS,
                               vocab_size=SHAPE.vocab_size, dtype=torch.float32, philox_candidate=philox.uniform_rows)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
@@ -122,10 +124,11 @@ def test_philox_must_match_bit_for_bit():
     assert not result.ok and result.name == "Triton Philox kernel" and "12 of " in result.detail  # 2 dtypes x 3 streams x 2 sizes
 
 
+@pytest.mark.usefixtures("plugin_logs")
 def test_a_disagreeing_philox_is_switched_off_for_sampling(monkeypatch, caplog):
     monkeypatch.setattr(triton_philox, "HAS_TRITON", True)
     monkeypatch.setattr(triton_philox, "disabled_reason", None)
-    with caplog.at_level(logging.INFO, logger=self_check.__name__):
+    with caplog.at_level(logging.INFO, logger=self_check.logger.name):
         keep = self_check.run(engine_kwargs(TorchAttention(), graphs=False), defaults(), num_blocks=NUM_BLOCKS,
                               vocab_size=SHAPE.vocab_size, dtype=torch.float32, philox_candidate=flipped_philox)
     assert keep  # the torch backend is the reference: not checked against itself

@@ -21,14 +21,14 @@ step can be captured in a CUDA graph and replayed with new inputs (engine/graphs
 
 from __future__ import annotations
 
-import logging
 
 import torch
 import torch.nn.functional as F
 
 from vllm_dllm.attention.metadata import AttentionMetadata, QueryGroup
+from vllm_dllm.log import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 BACKENDS = ("torch", "triton", "flash")
 FLASH_ATTN_VERSION = 2  # flash_attn_varlen_func's default, the version we call

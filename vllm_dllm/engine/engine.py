@@ -13,7 +13,6 @@ loops over requests in Python; host<->device syncs per step: the candidate count
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Callable
 
 import numpy as np
@@ -33,8 +32,9 @@ from vllm_dllm.engine.memory_profile import peak_step
 from vllm_dllm.engine.step_graphs import StepGraphs
 from vllm_dllm.engine.step_inputs import build_step_inputs, to_device
 from vllm_dllm.engine.step_output import StepOutput
+from vllm_dllm.log import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 ModelContext = Callable[[int], contextlib.AbstractContextManager]
 

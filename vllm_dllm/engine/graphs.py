@@ -28,7 +28,6 @@ buffer plumbing without a GPU.
 from __future__ import annotations
 
 import contextlib
-import logging
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -36,8 +35,9 @@ import numpy as np
 import torch
 
 from vllm_dllm.attention.metadata import AttentionMetadata, attention_metadata
+from vllm_dllm.log import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 # A graph per (bucket, q) holds its own activations in the shared pool; a server
 # sees a handful of block lengths, so this only bounds a pathological mix.

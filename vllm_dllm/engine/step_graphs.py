@@ -28,7 +28,6 @@ follows is the step.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,8 +35,9 @@ import numpy as np
 import torch
 
 from vllm_dllm.engine.graphs import ForwardGraph, ReuseGraphs, has_room
+from vllm_dllm.log import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 # The most requests a whole-step graph serves: the key holds their exact count (the
 # rule's rows are not padded), and the host time it saves is what a few requests

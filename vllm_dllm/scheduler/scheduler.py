@@ -12,13 +12,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from vllm.logger import init_logger
 from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.request import Request, RequestStatus
 
+from vllm_dllm.log import get_logger
 from vllm_dllm.serving.compat import cached_request_data, new_request_data, output_rows
 from vllm_dllm.engine.constraints import GrammarStep
 from vllm_dllm.kv_footprint import request_slots
@@ -33,7 +33,7 @@ from vllm_dllm.scheduler.prefix_cache import leading_blocks, usable_prefix
 from vllm_dllm.scheduler.structured import StructuredOutputs
 from vllm_dllm.serving.server_config import prefill_chunk, server_defaults
 
-logger = init_logger(__name__)
+logger = get_logger(__name__)
 
 
 @dataclass

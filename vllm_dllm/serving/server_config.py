@@ -13,8 +13,8 @@ import os
 from importlib.metadata import entry_points
 from typing import Any
 
-from vllm.logger import init_logger
 
+from vllm_dllm.log import get_logger
 from vllm_dllm.serving.compat import (
     RESERVED_CPU_ENV,
     keep_v1_model_runner,
@@ -37,7 +37,7 @@ from vllm_dllm.options.llada2 import unsupported_release
 from vllm_dllm.serving.server_defaults import ServerDefaults
 from vllm_dllm.serving.validation import is_validator, validator_for
 
-logger = init_logger(__name__)
+logger = get_logger(__name__)
 
 RESOLVED_KEY = "dllm_resolved"
 USER_KEY = "dllm"

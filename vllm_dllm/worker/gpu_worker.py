@@ -5,13 +5,13 @@ from __future__ import annotations
 import time
 
 import torch
-from vllm.logger import init_logger
 from vllm.utils.mem_utils import memory_profiling
 from vllm.v1.worker.gpu_worker import Worker
 
+from vllm_dllm.log import get_logger
 from vllm_dllm.worker.runner import DiffusionModelRunner
 
-logger = init_logger(__name__)
+logger = get_logger(__name__)
 
 
 class DiffusionGPUWorker(Worker):

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 import torch
 from vllm.config import VllmConfig
 from vllm.forward_context import set_forward_context
-from vllm.logger import init_logger
 from vllm.model_executor.model_loader import get_model
 from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
 from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
@@ -23,6 +22,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsLists, LogprobsTensors, ModelRunnerOutput
 
 from vllm_dllm.attention.backends import TorchAttention, select_backend
+from vllm_dllm.log import get_logger
 from vllm_dllm.serving.compat import runner_output_order
 from vllm_dllm.engine.engine import StepEngine
 from vllm_dllm.engine.graphs import capture_cuda_graph
@@ -34,7 +34,7 @@ from vllm_dllm.worker.kv_pool import bind_kv_pool
 from vllm_dllm.worker.special_ids import special_ids
 from vllm_dllm.worker.vocab_parallel import vocab_parallel_head
 
-logger = init_logger(__name__)
+logger = get_logger(__name__)
 
 
 def unseeded_seed(req_id: str, engine_seed: int | None) -> int:

@@ -36,10 +36,11 @@ from vllm_dllm.attention.backends import TorchAttention
 from vllm_dllm.attention.metadata import attention_metadata
 from vllm_dllm.decoding import philox
 from vllm_dllm.engine.engine import StepEngine
+from vllm_dllm.log import get_logger
 from vllm_dllm.options import OptionError, resolve, sequence_copies
 from vllm_dllm.scheduler.track import RequestTrack
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 # Largest relative error allowed, per model dtype: the maximum over query rows of
 # ||candidate - reference|| / ||reference|| for the hidden states a forward returns

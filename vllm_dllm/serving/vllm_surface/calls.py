@@ -23,7 +23,6 @@ from vllm_dllm.serving.vllm_surface.records import (
 # ---- calls ----------------------------------------------------------------------------
 
 CALLS: tuple[Call, ...] = (
-    Call("vllm.logger", "init_logger", 1),
     Call("vllm.v1.worker.gpu_worker", "init_worker_distributed_environment", 5, (), "compat.init_cpu_worker_device",
          versions=FROM_034),
     Call("vllm.utils.torch_utils", "set_random_seed", 1, (), "compat.init_cpu_worker_device", versions=FROM_034),

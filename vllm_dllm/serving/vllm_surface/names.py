@@ -25,7 +25,6 @@ NAMES: tuple[Name, ...] = (
     Name("vllm.sampling_params", "RequestOutputKind", "validation.py: a likelihood is not streamed"),
     Name("vllm.exceptions", "VLLMClientError", "frontend.py: a refused stream's exception, logged as one line"),
     Name("vllm.forward_context", "set_forward_context", "worker/runner.py: fused MoE layers look themselves up there"),
-    Name("vllm.logger", "init_logger", "scheduler, server_config, runner"),
     Name(f"{LAYERS}.activation", "SiluAndMul", "models/transformer.py"),
     Name(f"{LAYERS}.fused_moe", "FusedMoEFactory", "models/moe.py"),
     Name(f"{LAYERS}.layernorm", "RMSNorm", "models/transformer.py"),
