@@ -10,11 +10,13 @@ import os
 import pytest
 from vllm.engine.arg_utils import EngineArgs
 
+from tests.unit.test_structural_tags import TEXT_ARGUMENT, tool_call_tag
 import vllm_dllm
-from vllm_dllm.serving import compat
+from vllm_dllm.serving import compat, server_config
 from vllm_dllm.serving.compat import DEFAULT_BLOCK_SIZE, RESERVED_CPU_ENV, V2_RUNNER_ENV, check_vllm_version
 from vllm_dllm.serving.openmp_spin import SMALL_MACHINE_SPIN, SPIN_ENV, WAIT_POLICY_ENV
 from vllm_dllm.serving.server_config import CPU_WORKER_CLS, RESOLVED_KEY, SCHEDULER_CLS
+from vllm_dllm.serving.structural_tags import bound_whitespace
 from vllm_dllm.serving.validation import is_validator
 
 
@@ -50,6 +52,27 @@ def test_each_engine_validates_against_its_own_defaults(tiny_dirs):
     llada.validate_params(SamplingParams(max_tokens=16, extra_args={"remasking": "random"}))
     with pytest.raises(VLLMValidationError, match="'remasking' is a LLaDA option"):
         dream.validate_params(SamplingParams(max_tokens=16, extra_args={"remasking": "random"}))
+    # A short Dream request that sets no steps runs the most steps the bound allows
+    # rather than being refused for the checkpoint's 512.
+    dream.validate_params(SamplingParams(max_tokens=8))
+    with pytest.raises(VLLMValidationError, match="steps=512 is more than 8 per generated token"):
+        dream.validate_params(SamplingParams(max_tokens=8, extra_args={"steps": 512}))
+
+
+def test_a_structural_tags_json_whitespace_is_bounded_unless_the_server_allows_it(tiny_dirs):
+    """vLLM's tool-call grammars (structural tags) compile without its compact-JSON
+    switch: the validator bounds their whitespace, as compact JSON is the default."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    vllm_dllm.register()
+    tag = tool_call_tag(TEXT_ARGUMENT)
+    for config, expected in (({}, bound_whitespace(tag)), ({"dllm": {"any_whitespace": True}}, tag)):
+        validator = _validator(engine_config(tiny_dirs("llada"), additional_config=config))
+        params = SamplingParams(max_tokens=64, structured_outputs=StructuredOutputsParams(structural_tag=tag))
+        validator.validate_params(params)
+        assert params.structured_outputs.structural_tag == expected
+    assert bound_whitespace(tag) != tag
 
 
 def test_register_is_idempotent_and_adds_only_our_architectures():
@@ -176,9 +199,10 @@ def test_features_the_engine_would_ignore_are_refused_at_startup(tiny_dirs, flag
         engine_config(tiny_dirs("llada"), **flag)
 
 
+@pytest.mark.usefixtures("plugin_logs")
 def test_installed_logits_processor_plugins_are_named_as_unapplied(tiny_dirs, tmp_path, monkeypatch, caplog):
     vllm_dllm.register()
-    with caplog.at_level(logging.WARNING, logger="vllm_dllm.serving.server_config"):
+    with caplog.at_level(logging.WARNING, logger=server_config.logger.name):
         engine_config(tiny_dirs("llada"))
     assert "applies no logits processors" not in caplog.text
     # An installed distribution declaring a logits-processor plugin, as pip leaves it.
@@ -188,7 +212,7 @@ def test_installed_logits_processor_plugins_are_named_as_unapplied(tiny_dirs, tm
     (info / "entry_points.txt").write_text("[vllm.logits_processors]\nno_repeats = no_repeats.procs:NoRepeats\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="vllm_dllm.serving.server_config"):
+    with caplog.at_level(logging.WARNING, logger=server_config.logger.name):
         engine_config(tiny_dirs("llada"))
     assert ("applies no logits processors: the installed plugins no_repeats = no_repeats.procs:NoRepeats "
             "(entry-point group vllm.logits_processors) will not change any output") in caplog.text
@@ -206,6 +230,7 @@ def test_bad_server_options_fail_at_startup(tiny_dirs):
         engine_config(tiny_dirs("llada"), additional_config={"dllm": {"stepz": 8}})
 
 
+@pytest.mark.usefixtures("plugin_logs")
 def test_json_is_compact_by_default_and_the_user_choice_wins(tiny_dirs, caplog):
     """A fixed canvas has no positions to spare for whitespace a JSON grammar allows
     between any two tokens."""

@@ -28,6 +28,7 @@ from tests import oracle, oracle_model, oracle_rules
 from tests.conftest import close_engine, make_engine, random_prompt
 from tests.oracle_grammar import constrained_llada
 from tests.tie_free import compare_until
+from tests.unit.test_structural_tags import TEXT_ARGUMENT, TOOL_CALL, tool_call_tag
 from vllm_dllm.decoding.grammar_mask import allowed_tokens, mask_rows
 from vllm_dllm.engine.constraints import block_of
 from vllm_dllm.scheduler.grammar import Frontier, jump_tokens, plan_frontiers, sole_token, stop_allowed_after
@@ -343,6 +344,28 @@ def test_json_completes_whenever_the_canvas_has_room(llada, grammar_kit):
         if not json_object:
             assert re.fullmatch(r'\{"sum":-?[0-9]+\}', text), text  # compact, by default
         assert len(out.outputs[0].token_ids) <= gen
+
+
+def test_tool_calls_complete_with_their_json_whitespace_bounded(llada):
+    """What a client asking for a tool call gets (tool_choice "required": the tool
+    parser's structural tag): a call that parses, its arguments' JSON with no two
+    whitespace characters together, whenever the canvas has room for one.  Without
+    the grammar's forced strings in the completion, a random checkpoint fills the
+    canvas with whitespace or string content."""
+    rng = random.Random(12)
+    prompts = [{"prompt_token_ids": random_prompt(rng, rng.randint(3, 9), 97, 123)} for _ in range(3)]
+    for arguments in (TEXT_ARGUMENT, True):
+        for gen in (96, 128):
+            params = SamplingParams(max_tokens=gen, temperature=0.0, structured_outputs=StructuredOutputsParams(
+                structural_tag=tool_call_tag(arguments)))
+            for out in llada.generate(prompts, params, use_tqdm=False):
+                text = out.outputs[0].text
+                assert "</tool_call>" in text, text
+                call = TOOL_CALL.fullmatch(text[:text.index("</tool_call>") + len("</tool_call>")])
+                assert call is not None, text
+                value = json.loads(call.group(1))
+                assert arguments is True or isinstance(value["text"], str), text
+                assert not re.search(r"\s\s", re.sub(r'"(\\.|[^"\\])*"', '""', call.group(1))), text
 
 
 @pytest.fixture(scope="module")

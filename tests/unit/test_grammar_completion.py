@@ -11,6 +11,7 @@ import json
 import pytest
 
 from tests.engine.test_structured_outputs import grammar_kit  # noqa: F401 (a fixture)
+from tests.unit.test_structural_tags import TEXT_ARGUMENT, TOOL_CALL, tool_call_tag
 from vllm_dllm.scheduler.completion import (
     alphabet_of,
     closing,
@@ -19,7 +20,8 @@ from vllm_dllm.scheduler.completion import (
     shortest_completion,
     single_character_tokens,
 )
-from vllm_dllm.scheduler.grammar import rolls_back_deeply
+from vllm_dllm.scheduler.grammar import jump_tokens, rolls_back_deeply
+from vllm_dllm.serving.structural_tags import bound_whitespace
 
 xgr = pytest.importorskip("xgrammar")
 
@@ -44,6 +46,15 @@ def kit(grammar_kit):  # noqa: F811
         return g
 
     kit["grammar"] = grammar
+
+    def tag_grammar(structural_tag: str, prefix: str):
+        ctx = compiler.compile_structural_tag(structural_tag)
+        g = XgrammarGrammar(vocab_size=kit["vocab"], ctx=ctx,
+                            matcher=xgr.GrammarMatcher(ctx, override_stop_tokens=[kit["eos"]]))
+        assert g.accept_tokens("r", tok.encode(prefix, add_special_tokens=False)), prefix
+        return g
+
+    kit["tag_grammar"] = tag_grammar
     kit["alphabet"] = alphabet_of(tok).with_stops([kit["eos"]])
     kit["bitmask"] = xgr.allocate_token_bitmask(1, kit["vocab"])
     return kit
@@ -132,3 +143,32 @@ def test_only_grammars_that_roll_back_deeply_are_searched(kit):
         __module__ = "vllm.v1.structured_output.backend_outlines"
 
     assert not rolls_back_deeply(OutlinesGrammar())
+
+
+@pytest.mark.parametrize("arguments", [TEXT_ARGUMENT, True])
+@pytest.mark.parametrize("prefix, then", [
+    ("", "<tool_call>"),
+    ("<tool", "_call>"),
+    ('<tool_call>\n{"name": "reverse", "arguments": ', '{"text":"a"}'),
+])
+def test_a_tool_call_completes_through_the_strings_its_grammar_forces(kit, arguments, prefix, then):
+    """A tool call's envelope is constant text that a byte-level vocabulary spells
+    with tokens of several characters: the completions take what the grammar forces
+    as it comes, so the document completes from anywhere, its whitespace bounded or
+    not."""
+    for tag in (tool_call_tag(arguments), bound_whitespace(tool_call_tag(arguments))):
+        grammar = kit["tag_grammar"](tag, prefix)
+        forced = jump_tokens(grammar, kit["tok"])
+        greedy = greedy_completion(grammar, "r", kit["alphabet"], 80, kit["bitmask"], forced=forced)
+        shortest = shortest_completion(grammar, "r", kit["alphabet"], 80, kit["bitmask"], forced=forced)
+        # The exact search branches over JSON's characters at every free position and
+        # may run out of its budget on a long envelope: closing() then takes the
+        # greedy path.
+        for tokens in (greedy, shortest) if shortest is not None else (greedy,):
+            call = TOOL_CALL.fullmatch(prefix + text(kit, tokens))
+            assert call is not None, prefix + text(kit, tokens)
+            value = json.loads(call.group(1))
+            assert arguments is True or isinstance(value["text"], str)
+        assert shortest is None or len(shortest) <= len(greedy)
+        assert need(grammar, "r", kit["alphabet"], 80, kit["bitmask"], forced) == len(greedy)
+        assert stands_at_prefix(kit, grammar, then)  # every search was rolled back

@@ -23,6 +23,7 @@ stood):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,13 +63,18 @@ def alphabet_of(tokenizer) -> Alphabet:
     return Alphabet((), single_character_tokens(tokenizer, CLOSERS), single_character_tokens(tokenizer, STRUCTURE))
 
 
+# The tokens of the string a grammar forces from where it stands (grammar.jump_tokens).
+Forced = Callable[[], list[int]]
+
+
 class _Walk:
     """A grammar moved token by token, counting its moves, and put back at the end."""
 
-    def __init__(self, grammar, req_id: str, bitmask: torch.Tensor, budget: int):
+    def __init__(self, grammar, req_id: str, bitmask: torch.Tensor, budget: int, forced: Forced | None = None):
         self.grammar, self.req_id, self.bitmask = grammar, req_id, bitmask
         self.budget = budget
         self.depth = 0
+        self.forced = forced
 
     def step(self, token: int) -> bool:
         # Tried first: vLLM's accept_tokens logs an error for a token it refuses.
@@ -82,6 +88,17 @@ class _Walk:
         if n:
             self.grammar.rollback(n)
             self.depth -= n
+
+    def take_forced(self) -> list[int]:
+        """The tokens of the string the grammar forces from here, stepped: a tag's or
+        a key's characters, whatever the alphabet holds; [] where it forces none or
+        refuses that string's tokens."""
+        tokens = self.forced() if self.forced is not None else []
+        for taken, token in enumerate(tokens):
+            if not self.step(token):
+                self.back(taken)
+                return []
+        return tokens
 
     def ends(self, stop_ids) -> int | None:
         """A stop token the grammar accepts here, if one."""
@@ -105,12 +122,14 @@ class _Walk:
 
 
 def greedy_completion(grammar, req_id: str, alphabet: Alphabet, limit: int,
-                      bitmask: torch.Tensor) -> list[int] | None:
+                      bitmask: torch.Tensor, forced: Forced | None = None) -> list[int] | None:
     """Tokens that take the grammar from where it stands to a stop token (the last
-    of them), at most `limit`; None when this path finds none within it."""
+    of them), at most `limit`; None when this path finds none within it.  `forced`:
+    the grammar's forced string, taken whole wherever it has one."""
     if grammar.is_terminated():
         return []
-    walk = _Walk(grammar, req_id, bitmask, budget=limit * (len(alphabet.structure) + len(alphabet.stop_ids) + 2))
+    walk = _Walk(grammar, req_id, bitmask, budget=limit * (len(alphabet.structure) + len(alphabet.stop_ids) + 2),
+                 forced=forced)
     candidates = alphabet.closers + tuple(t for t in alphabet.structure if t not in alphabet.closers)
     path: list[int] = []
     fallbacks: list[int] = []
@@ -119,6 +138,10 @@ def greedy_completion(grammar, req_id: str, alphabet: Alphabet, limit: int,
             stop = walk.ends(alphabet.stop_ids)
             if stop is not None:
                 return [*path, stop]
+            taken = walk.take_forced()
+            if taken:
+                path.extend(taken)
+                continue
             last = path[-1] if path else None
             token = next((t for t in candidates if t != last and walk.step(t)), None)
             if token is None:
@@ -134,13 +157,13 @@ def greedy_completion(grammar, req_id: str, alphabet: Alphabet, limit: int,
 
 
 def shortest_completion(grammar, req_id: str, alphabet: Alphabet, limit: int, bitmask: torch.Tensor,
-                        budget: int = SEARCH_BUDGET) -> list[int] | None:
-    """The fewest tokens (single characters and a stop token last) that take the
-    grammar to a stop token, at most `limit`; None when there are none within it or
-    the search ran out of budget."""
+                        budget: int = SEARCH_BUDGET, forced: Forced | None = None) -> list[int] | None:
+    """The fewest tokens (single characters, the grammar's forced strings, and a stop
+    token last) that take the grammar to a stop token, at most `limit`; None when
+    there are none within it or the search ran out of budget."""
     if grammar.is_terminated():
         return []
-    walk = _Walk(grammar, req_id, bitmask, budget)
+    walk = _Walk(grammar, req_id, bitmask, budget, forced)
     path: list[int] = []
 
     def search(depth: int) -> bool:
@@ -150,6 +173,15 @@ def shortest_completion(grammar, req_id: str, alphabet: Alphabet, limit: int, bi
             path.append(stop)
             return True
         if depth <= 1 or walk.budget <= 0:
+            return False
+        taken = walk.take_forced()
+        if taken:  # no choice to branch over
+            if len(taken) < depth:
+                path.extend(taken)
+                if search(depth - len(taken)):
+                    return True
+                del path[-len(taken):]
+            walk.back(len(taken))
             return False
         moved = False
         for token in alphabet.structure:
@@ -183,28 +215,29 @@ def shortest_completion(grammar, req_id: str, alphabet: Alphabet, limit: int, bi
         walk.back(walk.depth)
 
 
-def need(grammar, req_id: str, alphabet: Alphabet, left: int, bitmask: torch.Tensor) -> int | None:
+def need(grammar, req_id: str, alphabet: Alphabet, left: int, bitmask: torch.Tensor,
+         forced: Forced | None = None) -> int | None:
     """How many tokens the grammar needs to complete its document, stop token
     included, if it can within `left` positions (the stop token may fall past them:
     a canvas that ends with the document is fine); None if it cannot.  The greedy
     path's length, or the search's when the greedy path does not fit."""
     for search in (greedy_completion, shortest_completion):
-        tokens = search(grammar, req_id, alphabet, left + 1, bitmask)
+        tokens = search(grammar, req_id, alphabet, left + 1, bitmask, forced=forced)
         if tokens is not None:
             return len(tokens)
     return None
 
 
 def closing(grammar, req_id: str, alphabet: Alphabet, left: int, bitmask: torch.Tensor,
-            now: bool = False) -> list[int]:
+            now: bool = False, forced: Forced | None = None) -> list[int]:
     """The tokens to commit now so that the document completes within the `left`
     positions the canvas has: the shortest completion when it needs all of them (its
     stop token, when one more, falls off the canvas), or when `now`; [] while a
     position is left to spare, or when no completion fits at all."""
-    greedy = greedy_completion(grammar, req_id, alphabet, left + 1, bitmask)
+    greedy = greedy_completion(grammar, req_id, alphabet, left + 1, bitmask, forced)
     if greedy is not None and len(greedy) < left and not now:
         return []
-    shortest = shortest_completion(grammar, req_id, alphabet, left + 1, bitmask)
+    shortest = shortest_completion(grammar, req_id, alphabet, left + 1, bitmask, forced=forced)
     tokens = shortest if shortest is not None else greedy
     if tokens is None or len(tokens) < left and not now:
         return []

@@ -135,7 +135,8 @@ def plan_frontiers(frontiers: list[Frontier], bitmask: torch.Tensor) -> GrammarS
             left = frontier.left - len(forced)
             if not tokens and frontier.alphabet is not None and (
                     frontier.close_now or frontier.need is None or frontier.need >= left):
-                tokens = closing(grammar, frontier.req_id, frontier.alphabet, left, scratch, frontier.close_now)[:room]
+                tokens = closing(grammar, frontier.req_id, frontier.alphabet, left, scratch, frontier.close_now,
+                                 frontier.jump)[:room]
             if not tokens or not grammar.accept_tokens(frontier.req_id, tokens):
                 break
             forced.extend(tokens)

@@ -93,7 +93,8 @@ class StructuredOutputs:
         for keep in range(len(valid), 0, -1):
             if not grammar.accept_tokens(req_id, valid[:keep]):
                 continue
-            needed = need(grammar, req_id, alphabet, left - keep, self._bitmask_rows(1))
+            needed = need(grammar, req_id, alphabet, left - keep, self._bitmask_rows(1),
+                          jump_tokens(grammar, self.manager.tokenizer))
             grammar.rollback(keep)
             if needed is not None:
                 track.grammar_need = needed
@@ -111,8 +112,9 @@ class StructuredOutputs:
         """What a constrained request's grammar needs from its accepted prefix, worked
         out once when unknown; a canvas too short for any document is noted."""
         if track.grammar_need is None and not track.grammar_short:
-            track.grammar_need = need(request.structured_output_request.grammar, request.request_id, alphabet,
-                                      left, self._bitmask_rows(1))
+            grammar = request.structured_output_request.grammar
+            track.grammar_need = need(grammar, request.request_id, alphabet, left, self._bitmask_rows(1),
+                                      jump_tokens(grammar, self.manager.tokenizer))
             track.grammar_short = track.grammar_need is None
         return track.grammar_need
 

@@ -5,6 +5,9 @@ before it reaches the engine, and turns its ValueError into an HTTP 400 (or an
 exception from `LLM.generate`).  The class is a logits processor only in shape: its
 `apply` is the identity and our runner never calls it.
 
+It also bounds the whitespace of a structural tag's JSON under the server's compact
+JSON (structural_tags.py): the one change it makes to a request.
+
 The scheduler resolves the options again at admission (the engine-side second line,
 for requests that bypass this process).  For a streaming request vLLM runs this
 check only after it has sent `200 OK`; frontend.py turns that into a 400.
@@ -31,6 +34,7 @@ from vllm_dllm.serving.compat import logits_processor_base
 from vllm_dllm.options import OptionError, resolve_params
 from vllm_dllm.options.likelihood import likelihood_request, model_problem
 from vllm_dllm.serving.server_defaults import ServerDefaults
+from vllm_dllm.serving.structural_tags import bound_whitespace
 
 # SamplingParams fields vLLM honours for autoregressive models that a masked
 # diffusion step cannot: the request is refused rather than silently changed.
@@ -107,6 +111,11 @@ class DiffusionParamsValidator(logits_processor_base()):
         if problem:
             raise VLLMValidationError(problem, parameter="cache")
         _check_likelihood(sampling_params, defaults.kind)
+        structured = sampling_params.structured_outputs
+        if structured is not None and structured.structural_tag and not defaults.any_whitespace:
+            # The one change made to a request here: vLLM clones the parameters for
+            # the engine after this hook (InputProcessor.process_inputs).
+            structured.structural_tag = bound_whitespace(structured.structural_tag)
 
     def __init__(self, vllm_config, *args):
         # vLLM's stock runners instantiate every configured processor (V1: with the
