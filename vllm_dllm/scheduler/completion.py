@@ -6,7 +6,8 @@ scheduler keeps the tokens a completion needs within the positions left, and
 forces the completion when no position is left to spare (scheduler/grammar.py).
 
 A completion is spelled with single-character tokens (every byte-level vocabulary
-has them) and ends with a stop token.  Two searches over a grammar's own
+has them) and, where the grammar forces a string (a tool call's envelope, a key),
+that string's own tokens; it ends with a stop token.  Two searches over a grammar's own
 accept/rollback (vLLM's StructuredOutputGrammar; the grammar is left where it
 stood):
 
