@@ -93,7 +93,8 @@ def grammar_ms(count: int, tokenizer, vocab: int) -> dict:
             tokens = frontier.grammar.validate_tokens(new[frontier.req_id])
             grammar = frontier.grammar
             if tokens and grammar.accept_tokens(frontier.req_id, tokens):
-                needs[frontier.req_id] = need(grammar, frontier.req_id, alphabet, frontier.left - len(tokens), scratch)
+                needs[frontier.req_id] = need(grammar, frontier.req_id, alphabet, frontier.left - len(tokens), scratch,
+                                              frontier.jump)  # the grammar's forced strings, as the scheduler
                 grammar.rollback(len(tokens))
         validate_times.append((time.perf_counter() - start) * 1e3)
         for frontier in frontiers:

@@ -172,3 +172,23 @@ def test_a_tool_call_completes_through_the_strings_its_grammar_forces(kit, argum
         assert shortest is None or len(shortest) <= len(greedy)
         assert need(grammar, "r", kit["alphabet"], 80, kit["bitmask"], forced) == len(greedy)
         assert stands_at_prefix(kit, grammar, then)  # every search was rolled back
+
+
+NESTED = {"type": "object", "required": ["outer"], "properties": {
+    "outer": {"type": "object", "required": ["inner"], "properties": {"inner": {"type": "string"}}}}}
+
+
+@pytest.mark.parametrize("prefix", ["", '{"out', '{"outer":{'])
+def test_the_exact_search_takes_forced_keys_whole(kit, prefix):
+    """Required keys are strings the grammar forces: taken whole, the exact search
+    reaches the shortest document within its budget, and closing commits it."""
+    grammar = kit["grammar"](NESTED, prefix)
+    forced = jump_tokens(grammar, kit["tok"])
+    alphabet, bitmask = kit["alphabet"], kit["bitmask"]
+    shortest = shortest_completion(grammar, "r", alphabet, 60, bitmask, forced=forced)
+    greedy = greedy_completion(grammar, "r", alphabet, 60, bitmask, forced=forced)
+    assert prefix + text(kit, shortest) == '{"outer":{"inner":""}}'
+    assert len(shortest) <= len(greedy) and json.loads(prefix + text(kit, greedy))["outer"]["inner"] is not None
+    assert closing(grammar, "r", alphabet, len(shortest), bitmask, forced=forced) == shortest
+    assert closing(grammar, "r", alphabet, len(shortest) + 1, bitmask, forced=forced) == []  # a position to spare
+    assert stands_at_prefix(kit, grammar, '{"outer":{"inner":"x"}}'[len(prefix):])

@@ -106,14 +106,20 @@ def test_dream_default_steps_above_the_bound_are_capped():
 
 def test_default_steps_are_fitted_to_the_blocks_a_request_asks_for():
     # 96 tokens in LLaDA's blocks of 32 are 3 blocks: a server default of 64 steps
-    # becomes 63, where the same 64 set by the request is refused.
+    # becomes 66, where the same 64 set by the request is refused.
     opts = res(llada(server={"steps": 64}), max_tokens=96)
-    assert (opts.num_blocks, opts.steps, opts.steps_per_block) == (3, 63, 21)
+    assert (opts.num_blocks, opts.steps, opts.steps_per_block) == (3, 66, 22)
     with pytest.raises(OptionError, match="steps=64 must be divisible by the number of blocks"):
         res(llada(), {"steps": 64}, max_tokens=96)
     # Fewer default steps than blocks: one a block.
     assert res(llada(server={"steps": 2}), {"block_length": 8}, max_tokens=32).steps == 4
-    assert res(dream({"steps": 10}), {"block_length": 4}, max_tokens=12).steps == 9
+    assert res(dream({"steps": 10}), {"block_length": 4}, max_tokens=12).steps == 12
+    # Rounded up, so a request's own delayed update still has a step of its block to wait.
+    sparse = {"block_length": 8, "cache": "sparse", "delay_step": 1}
+    assert res(llada(server={"steps": 7}), sparse, max_tokens=32).steps == 8
+    # Within the bounds: LLaDA's canvas, Dream's 8 a token.
+    assert res(llada(server={"steps": 31}), {"block_length": 8}, max_tokens=32).steps == 32
+    assert res(dream({"steps": 511}), {"block_length": 16}, max_tokens=64).steps == 512
 
 
 @pytest.mark.parametrize("kind", [LLADA, DREAM])

@@ -318,8 +318,9 @@ def _block_length(merged: dict[str, Any], request: dict[str, Any], gen_length: i
     against the generation length.  An unset block length that does not divide the
     generation falls back to one block: the request did not ask for
     semi-autoregressive decoding.  Steps the request did not set (a server or
-    generation_config default) that do not divide over its blocks are fitted to them:
-    rounded down to a multiple of the blocks, at least one a block."""
+    generation_config default) that do not divide over its blocks are rounded up to
+    a multiple of them: never fewer than configured, and within every bound (the
+    generation length and 8 per token are multiples of the blocks)."""
     block_length = merged.get("block_length", gen_length)
     if "block_length" not in request and gen_length % block_length:
         block_length = gen_length
@@ -330,7 +331,7 @@ def _block_length(merged: dict[str, Any], request: dict[str, Any], gen_length: i
         )
     num_blocks = gen_length // block_length
     if steps % num_blocks and "steps" not in request:
-        steps = max(num_blocks, steps - steps % num_blocks)
+        steps += num_blocks - steps % num_blocks
     if steps % num_blocks:
         raise OptionError(
             f"steps={steps} must be divisible by the number of blocks "

@@ -6,7 +6,12 @@ exception from `LLM.generate`).  The class is a logits processor only in shape: 
 `apply` is the identity and our runner never calls it.
 
 It also bounds the whitespace of a structural tag's JSON under the server's compact
-JSON (structural_tags.py): the one change it makes to a request.
+JSON (structural_tags.py): the one change it makes to a request.  vLLM clones the
+parameters for the engine only after this hook, so the change is made on the
+caller's own SamplingParams (idempotent: a second engine with compact JSON changes
+nothing more, one that allows whitespace gets the bounded tag); vLLM compiles the
+grammar before the scheduler sees a request, so a request that bypasses this
+process keeps its tag as sent.
 
 The scheduler resolves the options again at admission (the engine-side second line,
 for requests that bypass this process).  For a streaming request vLLM runs this
@@ -113,8 +118,7 @@ class DiffusionParamsValidator(logits_processor_base()):
         _check_likelihood(sampling_params, defaults.kind)
         structured = sampling_params.structured_outputs
         if structured is not None and structured.structural_tag and not defaults.any_whitespace:
-            # The one change made to a request here: vLLM clones the parameters for
-            # the engine after this hook (InputProcessor.process_inputs).
+            # The one change made to a request here (see the module docstring).
             structured.structural_tag = bound_whitespace(structured.structural_tag)
 
     def __init__(self, vllm_config, *args):
